@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine (see README):
+#   make demo   -- set up, then run a guarded job end to end
+#   make test   -- set up, then run the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint e2e-kind clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml .ci/bootstrap
+	bash .ci/bootstrap
+	@touch $@
+
+demo: setup
+	$(BIN)/guardedcron demo
+
+test: setup lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# For machines with Docker and kind (not these): the same e2e suite against a kind cluster.
+e2e-kind: setup
+	bash tests/e2e/kind.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from guardedcron.cli.main import main
+
+raise SystemExit(main())
