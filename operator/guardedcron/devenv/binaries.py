@@ -1,0 +1,251 @@
+"""Builds and caches the Kubernetes control-plane binaries the e2e tests and the demo run.
+
+No package registry here ships kube-apiserver or etcd, but both are published as Go
+modules. Our own tiny modules under `go/` pin one release of each; this module builds
+them with the local Go toolchain, once per version, into a cache folder:
+
+    ${XDG_CACHE_HOME:-~/.cache}/guardedcron/kube-<version>-etcd-<version>/bin/
+
+A cold build takes many minutes on two cores; a warm call only checks the binaries and
+the stamp. Delete the folder, or set GUARDEDCRON_REBUILD=1, to force a rebuild.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+GO_SOURCES: Final = Path(__file__).resolve().parent / "go"
+KUBE_MODULE: Final = "k8s.io/kubernetes"
+ETCD_MODULE: Final = "go.etcd.io/etcd/server/v3"
+REBUILD_ENV: Final = "GUARDEDCRON_REBUILD"
+STAMP_FILE: Final = "stamp.json"
+BUILD_LOG: Final = "build.log"
+FAILURE_TAIL_LINES: Final = 40
+
+Progress = Callable[[str], None]
+
+
+class BuildError(RuntimeError):
+    """A binary could not be built; the message ends with the last lines of go's output."""
+
+
+@dataclass(frozen=True)
+class BuildTarget:
+    name: str  # the binary's file name
+    module_dir: str  # folder under go/ holding the go.mod
+    package: str  # package path relative to that folder
+
+
+TARGETS: Final = (
+    BuildTarget("etcd", "etcd", "."),
+    BuildTarget("kube-apiserver", "kube", "./cmd/kube-apiserver"),
+    BuildTarget("kube-controller-manager", "kube", "./cmd/kube-controller-manager"),
+    BuildTarget("kubectl", "kube", "./cmd/kubectl"),
+)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the built binaries are, and which releases they are."""
+
+    bin_dir: Path
+    kubernetes_version: str
+    etcd_version: str
+
+    @property
+    def etcd(self) -> Path:
+        return self.bin_dir / "etcd"
+
+    @property
+    def kube_apiserver(self) -> Path:
+        return self.bin_dir / "kube-apiserver"
+
+    @property
+    def kube_controller_manager(self) -> Path:
+        return self.bin_dir / "kube-controller-manager"
+
+    @property
+    def kubectl(self) -> Path:
+        return self.bin_dir / "kubectl"
+
+
+def required_version(go_mod_text: str, module: str) -> str:
+    """The version a go.mod requires of `module` (single-line or block form)."""
+    pattern = rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)"
+    match = re.search(pattern, go_mod_text, flags=re.MULTILINE)
+    if match is None:
+        raise ValueError(f"go.mod does not require {module}")
+    return match.group(1)
+
+
+def build_cache_root(env: dict[str, str] | os._Environ[str]) -> Path:
+    """The guardedcron cache folder, following the XDG base-directory convention."""
+    xdg = env.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg else Path(env.get("HOME", str(Path.home()))) / ".cache"
+    return base / "guardedcron"
+
+
+def build_version_dir_name(kubernetes_version: str, etcd_version: str) -> str:
+    return f"kube-{kubernetes_version}-etcd-{etcd_version}"
+
+
+def build_stamp(sources_digest: str, kubernetes_version: str, etcd_version: str) -> dict[str, str]:
+    return {
+        "kubernetes": kubernetes_version,
+        "etcd": etcd_version,
+        "sources": sources_digest,
+    }
+
+
+def build_go_command(target: BuildTarget, out_dir: Path) -> list[str]:
+    return [
+        "go", "build", "-trimpath", "-ldflags=-s -w",
+        "-o", str(out_dir / target.name), target.package,
+    ]  # fmt: skip
+
+
+def build_go_env(base: dict[str, str] | os._Environ[str], cache_root: Path) -> dict[str, str]:
+    env = dict(base)
+    env["GOCACHE"] = str(cache_root / "go-build")
+    # -mod=mod lets go fill go.sum gaps itself; buildvcs is off because the module sits
+    # in our git checkout and the binaries need no VCS stamp.
+    env["GOFLAGS"] = "-mod=mod -buildvcs=false"
+    # Static binaries, as Kubernetes' own release builds are; no C toolchain needed.
+    env["CGO_ENABLED"] = "0"
+    return env
+
+
+def sources_digest(root: Path = GO_SOURCES) -> str:
+    """A digest of our Go sources, so editing a main or go.mod rebuilds."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def pinned_versions(root: Path = GO_SOURCES) -> tuple[str, str]:
+    kube = required_version((root / "kube" / "go.mod").read_text(), KUBE_MODULE)
+    etcd = required_version((root / "etcd" / "go.mod").read_text(), ETCD_MODULE)
+    return kube, etcd
+
+
+def ensure_binaries(progress: Progress = print) -> Paths:
+    """Return the cached binaries, building them first if absent, stale or forced."""
+    kube_version, etcd_version = pinned_versions()
+    cache_root = build_cache_root(os.environ)
+    version_dir = cache_root / build_version_dir_name(kube_version, etcd_version)
+    paths = Paths(version_dir / "bin", kube_version, etcd_version)
+    wanted = build_stamp(sources_digest(), kube_version, etcd_version)
+    forced = os.environ.get(REBUILD_ENV, "") not in ("", "0")
+
+    if not forced and _is_current(paths, wanted):
+        return paths
+    version_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(version_dir / ".lock"):
+        # Another process may have finished the same build while we waited for the lock.
+        if not forced and _is_current(paths, wanted):
+            return paths
+        _build_all(paths, cache_root, progress)
+        # Digest again: with -mod=mod go may have completed go.sum during the build.
+        built = build_stamp(sources_digest(), kube_version, etcd_version)
+        (version_dir / STAMP_FILE).write_text(json.dumps(built, indent=2) + "\n")
+    return paths
+
+
+def _is_current(paths: Paths, wanted: dict[str, str]) -> bool:
+    stamp_path = paths.bin_dir.parent / STAMP_FILE
+    if not stamp_path.is_file():
+        return False
+    try:
+        stamp = json.loads(stamp_path.read_text())
+    except json.JSONDecodeError:
+        return False
+    binaries_present = all(os.access(paths.bin_dir / t.name, os.X_OK) for t in TARGETS)
+    return bool(stamp == wanted and binaries_present)
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_all(paths: Paths, cache_root: Path, progress: Progress) -> None:
+    if shutil.which("go") is None:
+        raise BuildError(
+            "the Go toolchain ('go') is not on PATH; it is needed once to build "
+            f"kube-apiserver {paths.kubernetes_version} and etcd {paths.etcd_version}"
+        )
+    # Build into a scratch folder and move each binary in only when it is complete, so
+    # an interrupted build never leaves a half-written binary that looks usable.
+    scratch = paths.bin_dir.parent / "bin.partial"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    paths.bin_dir.mkdir(parents=True, exist_ok=True)
+    env = build_go_env(os.environ, cache_root)
+    log_path = paths.bin_dir.parent / BUILD_LOG
+    log_path.write_text("")
+    total_started = time.monotonic()
+    for index, target in enumerate(TARGETS, start=1):
+        progress(
+            f"guardedcron: building {target.name} ({index}/{len(TARGETS)}) from Go modules "
+            "(minutes on a cold cache)..."
+        )
+        started = time.monotonic()
+        _run_go_build(target, scratch, env, log_path)
+        os.replace(scratch / target.name, paths.bin_dir / target.name)
+        progress(f"guardedcron: built {target.name} in {time.monotonic() - started:.0f} s")
+    shutil.rmtree(scratch, ignore_errors=True)
+    progress(
+        f"guardedcron: control-plane binaries ready in {paths.bin_dir} "
+        f"({time.monotonic() - total_started:.0f} s)"
+    )
+
+
+def _run_go_build(target: BuildTarget, out_dir: Path, env: dict[str, str], log_path: Path) -> None:
+    command = build_go_command(target, out_dir)
+    result = subprocess.run(
+        command,
+        cwd=GO_SOURCES / target.module_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    with log_path.open("a") as appended:
+        appended.write(f"$ {' '.join(command)}\n{result.stdout}\n")
+    if result.returncode != 0:
+        tail = "\n".join(result.stdout.splitlines()[-FAILURE_TAIL_LINES:])
+        raise BuildError(
+            f"building {target.name} failed (go exit {result.returncode}); "
+            f"full log: {log_path}\n{tail}"
+        )
+
+
+def main() -> None:
+    """`python -m guardedcron.devenv.binaries`: build (or reuse) and print the folder."""
+    paths = ensure_binaries()
+    print(paths.bin_dir)
+
+
+if __name__ == "__main__":
+    main()
