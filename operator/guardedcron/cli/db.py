@@ -1,0 +1,60 @@
+"""`guardedcron db migrate | status`: the guard's schema."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from guardedcron.cli.guard_commands import add_connection_options, connect_timeout, emit, say
+from guardedcron.contract import EXIT_OK, EXIT_SCHEMA
+from guardedcron.guard.errors import GuardError
+
+
+def add_parser(sub: Any, name: str, help_text: str) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    migrate = actions.add_parser("migrate", help="create or upgrade the schema (safe to run concurrently)")
+    add_connection_options(migrate)
+    migrate.set_defaults(run=run_migrate)
+    status = actions.add_parser("status", help="print the schema version; exit 78 if behind this tool")
+    add_connection_options(status)
+    status.set_defaults(run=run_status)
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    from guardedcron.guard.connection import connect, describe, resolve_dsn
+    from guardedcron.guard.migrations import current_version, migrate
+
+    try:
+        dsn = resolve_dsn(args.dsn)
+        with connect(dsn, connect_timeout(args)) as conn:
+            applied = migrate(conn)
+            version = current_version(conn)
+    except GuardError as exc:
+        say("db migrate", str(exc))
+        return exc.exit_code
+    for migration in applied:
+        print(f"applied migration {migration.version} ({migration.name})", file=sys.stderr)
+    emit({"database": describe(dsn), "schema_version": version,
+          "applied": [m.version for m in applied]})
+    return EXIT_OK
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from guardedcron.guard.connection import connect, describe, resolve_dsn
+    from guardedcron.guard.migrations import LATEST_VERSION, current_version
+
+    try:
+        dsn = resolve_dsn(args.dsn)
+        with connect(dsn, connect_timeout(args)) as conn:
+            version = current_version(conn)
+    except GuardError as exc:
+        say("db status", str(exc))
+        return exc.exit_code
+    emit({"database": describe(dsn), "schema_version": version, "tool_needs": LATEST_VERSION})
+    if version < LATEST_VERSION:
+        say("db status", f"schema version {version} is older than this tool needs "
+                         f"({LATEST_VERSION}); run `guardedcron db migrate`")
+        return EXIT_SCHEMA
+    return EXIT_OK

@@ -1,0 +1,289 @@
+"""`guardedcron acquire | renew | release | keep`: the guard as a command.
+
+Contract (docs/design.md, "The guard"): one JSON line on stdout, one-line reasons on
+stderr, exit codes from guardedcron.contract. Input is checked before any database
+call, so bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from guardedcron.contract import (
+    EXIT_NOT_ACQUIRED,
+    EXIT_OK,
+    LOST_FILE,
+)
+from guardedcron.guard.errors import BadInput, GuardError
+
+
+def add_parser(sub: Any, name: str, help_text: str) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument("--lock", required=True, help="the lease name shared by every copy of the job")
+    parser.add_argument("--holder", required=True, help="who is asking, e.g. namespace/pod")
+    if name == "acquire":
+        parser.add_argument("--lease-seconds", required=True, help="how long the lease lasts")
+        parser.add_argument("--min-hold-seconds", default="0",
+                            help="keep the lease at least this long, even after release")
+        slot = parser.add_mutually_exclusive_group()
+        slot.add_argument("--slot", help="the scheduled minute (minutes since the epoch)")
+        slot.add_argument("--job-name",
+                          help="derive the slot from a CronJob-made Job name <cronjob>-<minutes>")
+        parser.add_argument("--cronjob", help="with --job-name: the CronJob's name")
+        parser.add_argument("--out", type=Path, help="folder for the fence and lease.json files")
+        parser.add_argument("--retain-days", default="90", help="run history kept, days")
+        parser.add_argument("--retain-runs", default="10000", help="run history kept, rows per lock")
+        parser.set_defaults(run=run_acquire)
+    elif name == "renew":
+        parser.add_argument("--fence", required=True, help="the fencing token you hold")
+        parser.add_argument("--lease-seconds", required=True, help="new lease length from now")
+        parser.set_defaults(run=run_renew)
+    elif name == "release":
+        parser.add_argument("--outcome", default="finished",
+                            choices=["succeeded", "failed", "finished"],
+                            help="what the run's history row records (default: finished)")
+        parser.set_defaults(run=run_release)
+    elif name == "keep":
+        fence = parser.add_mutually_exclusive_group(required=True)
+        fence.add_argument("--fence", help="the fencing token you hold")
+        fence.add_argument("--fence-file", type=Path,
+                           help="read the token from this file (as written by acquire --out)")
+        parser.add_argument("--lease-seconds", required=True,
+                            help="lease length; renewed every third of it")
+        parser.add_argument("--out", type=Path, help="folder for the `lost` marker")
+        parser.add_argument("--on-lost", choices=["exit", "wait"], default="exit",
+                            help="when the lease is lost: exit 76 at once (default) or wait for SIGTERM")
+        parser.set_defaults(run=run_keep)
+    add_connection_options(parser)
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", help="PostgreSQL connection string (default: $GUARDEDCRON_DSN)")
+    parser.add_argument("--connect-timeout", default="5",
+                        help="seconds to wait for the database (default 5)")
+
+
+# --- input parsing: every check before the database is touched -----------------------
+def parse_number(what: str, text: str, *, integer: bool = False) -> float:
+    try:
+        value = int(text) if integer else float(text)
+    except (TypeError, ValueError):
+        kind = "an integer" if integer else "a number"
+        raise BadInput(f"{what} must be {kind}, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise BadInput(f"{what} must be a finite number, got {text!r}")
+    return value
+
+
+def parse_slot(args: argparse.Namespace) -> int | None:
+    if args.slot is not None:
+        return int(parse_number("--slot", args.slot, integer=True))
+    if args.job_name is None:
+        if args.cronjob is not None:
+            raise BadInput("--cronjob goes with --job-name")
+        return None
+    if not args.cronjob:
+        raise BadInput("--job-name needs --cronjob to tell a scheduled Job from a manual one")
+    # The CronJob controller names scheduled Jobs <cronjob>-<minutes since the epoch>;
+    # any other name (kubectl create job --from=cronjob/...) is a manual run: no slot.
+    match = re.fullmatch(re.escape(args.cronjob) + r"-(\d+)", args.job_name)
+    return int(match.group(1)) if match else None
+
+
+def connect_timeout(args: argparse.Namespace) -> float:
+    value = parse_number("--connect-timeout", args.connect_timeout)
+    if value <= 0:
+        raise BadInput(f"--connect-timeout must be positive, got {args.connect_timeout!r}")
+    return value
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def emit(payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(payload, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def say(command: str, message: str) -> None:
+    sys.stderr.write(f"guardedcron {command}: {message}\n")
+    sys.stderr.flush()
+
+
+# --- commands ---------------------------------------------------------------------
+def run_acquire(args: argparse.Namespace) -> int:
+    from guardedcron.guard.outputs import write_termination_message
+
+    try:
+        return _acquire(args)
+    except GuardError as exc:
+        say("acquire", str(exc))
+        write_termination_message(
+            {"outcome": "error", "exitCode": exc.exit_code, "lock": args.lock,
+             "holder": args.holder, "reason": str(exc)}
+        )
+        return exc.exit_code
+
+
+def _acquire(args: argparse.Namespace) -> int:
+    from guardedcron.guard import lease as lease_ops
+    from guardedcron.guard.connection import connect, raise_for_schema, resolve_dsn
+    from guardedcron.guard.outputs import write_lease_files, write_termination_message
+
+    request = lease_ops.AcquireRequest(
+        lock=args.lock,
+        holder=args.holder,
+        lease_seconds=parse_number("--lease-seconds", args.lease_seconds),
+        min_hold_seconds=parse_number("--min-hold-seconds", args.min_hold_seconds),
+        slot=parse_slot(args),
+        retain_days=int(parse_number("--retain-days", args.retain_days, integer=True)),
+        retain_runs=int(parse_number("--retain-runs", args.retain_runs, integer=True)),
+    )
+    timeout = connect_timeout(args)
+    dsn = resolve_dsn(args.dsn)
+    with connect(dsn, timeout) as conn:
+        try:
+            result = lease_ops.acquire(conn, request)
+        except Exception as exc:
+            raise_for_schema(exc, dsn)
+            raise
+    summary = {
+        "acquired": result.acquired,
+        "reason": result.reason,
+        "lock": request.lock,
+        "holder": result.holder,
+        "fence": result.fence,
+        "slot": request.slot,
+        "locked_until": iso(result.locked_until),
+        "run_id": result.run_id,
+    }
+    emit(summary)
+    if not result.acquired:
+        say("acquire", _skip_message(request, result))
+        write_termination_message({"outcome": "skipped", "requester": request.holder, **summary})
+        return EXIT_NOT_ACQUIRED
+    if args.out is not None:
+        write_lease_files(args.out, summary)
+    write_termination_message({"outcome": "acquired", **summary})
+    return EXIT_OK
+
+
+def _skip_message(request: Any, result: Any) -> str:
+    if result.reason == "slot-claimed":
+        return (f"slot {request.slot} of {request.lock} already ran under {result.holder} "
+                f"(fence {result.fence}); skipping")
+    if result.reason == "row-busy":
+        return (f"lease {request.lock} is locked by an in-flight fenced write of its previous "
+                "holder; skipping")
+    return (f"lease {request.lock} is held by {result.holder} (fence {result.fence}) "
+            f"until {iso(result.locked_until)}; skipping")
+
+
+def run_renew(args: argparse.Namespace) -> int:
+    from guardedcron.guard import lease as lease_ops
+    from guardedcron.guard.connection import connect, raise_for_schema, resolve_dsn
+
+    try:
+        fence = int(parse_number("--fence", args.fence, integer=True))
+        seconds = parse_number("--lease-seconds", args.lease_seconds)
+        lease_ops.check_positive("lease seconds", seconds)
+        lease_ops.check_name("lock", args.lock)
+        lease_ops.check_name("holder", args.holder)
+        timeout = connect_timeout(args)
+        dsn = resolve_dsn(args.dsn)
+        with connect(dsn, timeout) as conn:
+            try:
+                state = lease_ops.renew(conn, args.lock, args.holder, fence, seconds)
+            except Exception as exc:
+                raise_for_schema(exc, dsn)
+                raise
+    except GuardError as exc:
+        say("renew", str(exc))
+        return exc.exit_code
+    emit({"renewed": state.ok, "lock": args.lock, "holder": state.holder, "fence": state.fence,
+          "locked_until": iso(state.locked_until)})
+    if not state.ok:
+        say("renew", f"not the holder: {args.lock} is held by {state.holder} (fence {state.fence})")
+        return EXIT_NOT_ACQUIRED
+    return EXIT_OK
+
+
+def run_release(args: argparse.Namespace) -> int:
+    from guardedcron.guard import lease as lease_ops
+    from guardedcron.guard.connection import connect, raise_for_schema, resolve_dsn
+
+    try:
+        lease_ops.check_name("lock", args.lock)
+        lease_ops.check_name("holder", args.holder)
+        timeout = connect_timeout(args)
+        dsn = resolve_dsn(args.dsn)
+        with connect(dsn, timeout) as conn:
+            try:
+                state = lease_ops.release(conn, args.lock, args.holder, args.outcome)
+            except Exception as exc:
+                raise_for_schema(exc, dsn)
+                raise
+    except GuardError as exc:
+        say("release", str(exc))
+        return exc.exit_code
+    emit({"released": state.ok, "lock": args.lock, "holder": state.holder, "fence": state.fence,
+          "locked_until": iso(state.locked_until)})
+    if not state.ok:
+        say("release", f"not the holder: {args.lock} is held by {state.holder} (fence {state.fence}); "
+                       "nothing changed")
+        return EXIT_NOT_ACQUIRED
+    return EXIT_OK
+
+
+def run_keep(args: argparse.Namespace) -> int:
+    from guardedcron.guard import lease as lease_ops
+    from guardedcron.guard.connection import connect, resolve_dsn
+    from guardedcron.guard.keeper import Keeper, KeepRequest
+
+    try:
+        lease_ops.check_name("lock", args.lock)
+        lease_ops.check_name("holder", args.holder)
+        seconds = parse_number("--lease-seconds", args.lease_seconds)
+        lease_ops.check_positive("lease seconds", seconds)
+        fence = _fence_argument(args)
+        request = KeepRequest(
+            dsn=resolve_dsn(args.dsn),
+            lock=args.lock,
+            holder=args.holder,
+            fence=fence,
+            lease_seconds=seconds,
+            connect_timeout=connect_timeout(args),
+            out_dir=args.out,
+            exit_on_lost=args.on_lost == "exit",
+        )
+    except GuardError as exc:
+        say("keep", str(exc))
+        return exc.exit_code
+    keeper = Keeper(request, connect, lambda message: say("keep", message))
+    keeper.install_signal_handlers()
+    if args.out is not None and (args.out / LOST_FILE).exists():
+        # Restarted after reporting a loss (a native sidecar is restarted even under
+        # restartPolicy Never): do not fight over the lease again, wait to be stopped.
+        say("keep", "the lease was lost earlier in this pod; waiting for SIGTERM")
+        keeper.wait_for_stop()
+        return EXIT_OK
+    say("keep", f"keeping lock {args.lock} (fence {fence}), renewing every {keeper.interval:g} s")
+    return keeper.run()
+
+
+def _fence_argument(args: argparse.Namespace) -> int:
+    if args.fence is not None:
+        return int(parse_number("--fence", args.fence, integer=True))
+    try:
+        text = args.fence_file.read_text().strip()
+    except OSError as exc:
+        raise BadInput(f"cannot read --fence-file {args.fence_file}: {exc.strerror}") from None
+    return int(parse_number(f"the fence in {args.fence_file}", text, integer=True))
+

@@ -1,0 +1,199 @@
+"""A throwaway PostgreSQL server for the demo, the tests and the benchmarks.
+
+It runs the server binaries of Debian's `postgresql` package (installed by
+`.ci/bootstrap`) from a temporary data folder on a free loopback port. PostgreSQL
+refuses to run as root, so when we are root the server runs as the `postgres`
+user that the package creates.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import quote
+
+SERVER_USER = "postgres"
+
+
+def find_server_bin() -> Path:
+    """The newest installed PostgreSQL server's bin folder."""
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parent.parent.name),
+    )
+    override = os.environ.get("GUARDEDCRON_PG_BIN")
+    if override:
+        return Path(override)
+    if not candidates:
+        raise RuntimeError(
+            "no PostgreSQL server found under /usr/lib/postgresql; run `bash .ci/bootstrap` "
+            "(it installs Debian's postgresql package) or set GUARDEDCRON_PG_BIN"
+        )
+    return Path(candidates[-1]).parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ThrowawayPostgres:
+    """Start with `with ThrowawayPostgres() as pg:`; everything is removed on exit."""
+
+    def __init__(
+        self,
+        *,
+        durable: bool = False,
+        max_connections: int = 400,
+        superuser: str = "guardedcron",
+        settings: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self.bin = find_server_bin()
+        self.durable = durable
+        self.max_connections = max_connections
+        self.superuser = superuser
+        self.password = secrets.token_urlsafe(18)
+        self.port = free_port()
+        self.extra_settings = list(settings)
+        self.base = Path(tempfile.mkdtemp(prefix="guardedcron-pg-"))
+        self.data = self.base / "data"
+        self.socket_dir = self.base / "sock"
+        self.log = self.base / "server.log"
+        self._run_as: list[str] = []
+        if os.geteuid() == 0:
+            self._run_as = ["runuser", "-u", SERVER_USER, "--"]
+            user = pwd.getpwnam(SERVER_USER)
+            os.chown(self.base, user.pw_uid, user.pw_gid)
+        self.socket_dir.mkdir()
+        if self._run_as:
+            user = pwd.getpwnam(SERVER_USER)
+            os.chown(self.socket_dir, user.pw_uid, user.pw_gid)
+
+    # --- life cycle -----------------------------------------------------------------
+    def __enter__(self) -> ThrowawayPostgres:
+        try:
+            self.init()
+            self.start()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.destroy()
+
+    def _pg(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self._run_as, str(self.bin / tool), *args],
+            check=check,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def init(self) -> None:
+        pwfile = self.base / "pw"
+        pwfile.write_text(self.password + "\n")
+        if self._run_as:
+            user = pwd.getpwnam(SERVER_USER)
+            os.chown(pwfile, user.pw_uid, user.pw_gid)
+        self._pg(
+            "initdb",
+            "-D", str(self.data),
+            "-U", self.superuser,
+            f"--pwfile={pwfile}",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
+        pwfile.unlink()
+        settings = {
+            "listen_addresses": "'127.0.0.1'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.socket_dir}'",
+            "max_connections": str(self.max_connections),
+            "shared_buffers": "'128MB'",
+            "log_min_messages": "warning",
+            "log_connections": "off",
+        }
+        if not self.durable:
+            settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        settings.update(dict(self.extra_settings))
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write("\n# guardedcron throwaway server\n")
+            for key, value in settings.items():
+                conf.write(f"{key} = {value}\n")
+
+    def start(self) -> None:
+        result = self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
+                          "start", check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not start: {result.stderr}\n{self.log_tail()}")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+
+    def restart(self, mode: str = "fast") -> None:
+        result = self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-m", mode,
+                          "-w", "-t", "60", "restart", check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not restart: {result.stderr}\n{self.log_tail()}")
+
+    def destroy(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self.stop("immediate")
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # --- connection strings -----------------------------------------------------------
+    def dsn(self, dbname: str = "postgres", *, password: str | None = None) -> str:
+        secret = self.password if password is None else password
+        return (
+            f"postgresql://{quote(self.superuser)}:{quote(secret, safe='')}"
+            f"@127.0.0.1:{self.port}/{quote(dbname)}"
+        )
+
+    def create_database(self, name: str) -> str:
+        """Create an empty database and return a DSN for it."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn(name)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with psycopg.connect(self.dsn(), connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)

@@ -1,0 +1,153 @@
+"""Run history queries: list, overlaps, gaps against a schedule, abandoned runs.
+
+Overlaps and gaps are the two questions the run table exists to answer: did two
+runs of one lock work at the same time, and did an expected run never happen?
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
+
+    Connection = psycopg.Connection[tuple[object, ...]]
+
+WORKING_OUTCOMES = ("running", "succeeded", "failed", "finished", "abandoned", "lost")
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    lock: str
+    slot: int | None
+    holder: str
+    fence: int | None
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str
+    reason: str
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
+        return data
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """`later` started while `earlier` (which held a fence too) had not finished."""
+
+    earlier: Run
+    later: Run
+
+
+@dataclass(frozen=True)
+class Gap:
+    expected_at: datetime
+    slot: int
+
+
+_RUN_COLUMNS = "id, lock_name, slot, holder, fence, started_at, finished_at, outcome, reason"
+
+
+def _run(row: tuple[Any, ...]) -> Run:
+    return Run(*row)
+
+
+def list_runs(conn: Connection, lock: str, limit: int = 50) -> list[Run]:
+    rows = conn.execute(
+        f"SELECT {_RUN_COLUMNS} FROM guardedcron.runs WHERE lock_name = %s"
+        " ORDER BY started_at DESC, id DESC LIMIT %s",
+        (lock, limit),
+    ).fetchall()
+    return [_run(r) for r in rows]
+
+
+def mark_abandoned(conn: Connection, lock: str) -> int:
+    row = conn.execute("SELECT guardedcron.mark_abandoned_v1(%s)", (lock,)).fetchone()
+    return int(row[0]) if row else 0  # type: ignore[call-overload]
+
+
+def find_overlaps(conn: Connection, lock: str) -> list[Overlap]:
+    """Runs that started before an earlier fenced run of the same lock had finished.
+
+    One pass in start order, carrying the latest end seen so far (a running run ends
+    "now"), so it stays linear on a year of per-minute history.
+    """
+    rows = conn.execute(
+        f"""
+        WITH fenced AS (
+            SELECT {_RUN_COLUMNS},
+                   coalesce(finished_at, clock_timestamp()) AS ends_at
+              FROM guardedcron.runs
+             WHERE lock_name = %s AND fence IS NOT NULL
+        ), ordered AS (
+            SELECT f.*,
+                   max(ends_at) OVER w AS prev_max_end
+              FROM fenced f
+            WINDOW w AS (ORDER BY started_at, id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+        )
+        SELECT {_RUN_COLUMNS} FROM ordered
+         WHERE prev_max_end > started_at
+         ORDER BY started_at, id
+        """,
+        (lock,),
+    ).fetchall()
+    overlaps: list[Overlap] = []
+    for row in rows:
+        later = _run(row)
+        earlier_row = conn.execute(
+            f"SELECT {_RUN_COLUMNS} FROM guardedcron.runs"
+            " WHERE lock_name = %s AND fence IS NOT NULL AND id <> %s AND started_at <= %s"
+            " AND coalesce(finished_at, clock_timestamp()) > %s"
+            " ORDER BY started_at DESC, id DESC LIMIT 1",
+            (lock, later.id, later.started_at, later.started_at),
+        ).fetchone()
+        if earlier_row is not None:
+            overlaps.append(Overlap(_run(earlier_row), later))
+    return overlaps
+
+
+def find_gaps(
+    conn: Connection,
+    lock: str,
+    expected: list[datetime],
+    tolerance: timedelta,
+) -> list[Gap]:
+    """Expected fire times with no run that worked for them.
+
+    A scheduled run covers its slot (minutes since the epoch, as the CronJob
+    controller names Jobs). A run without a slot (manual) covers an expected time
+    when it started within the tolerance after it. Skipped attempts cover nothing
+    by themselves: the run that beat them does.
+    """
+    if not expected:
+        return []
+    start = expected[0]
+    end = expected[-1] + tolerance
+    rows = conn.execute(
+        "SELECT slot, started_at FROM guardedcron.runs"
+        " WHERE lock_name = %s AND outcome <> 'skipped'"
+        " AND (slot BETWEEN %s AND %s OR (slot IS NULL AND started_at BETWEEN %s AND %s))",
+        (lock, slot_of(start), slot_of(expected[-1]), start, end),
+    ).fetchall()
+    covered_slots = {int(r[0]) for r in rows if r[0] is not None}
+    manual_starts = sorted(r[1] for r in rows if r[0] is None)
+    gaps = []
+    for when in expected:
+        slot = slot_of(when)
+        if slot in covered_slots:
+            continue
+        if any(when <= s <= when + tolerance for s in manual_starts):
+            continue
+        gaps.append(Gap(when, slot))
+    return gaps
+
+
+def slot_of(when: datetime) -> int:
+    """Minutes since the epoch: the suffix the CronJob controller gives a scheduled Job."""
+    return int(when.timestamp()) // 60

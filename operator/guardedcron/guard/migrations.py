@@ -1,0 +1,77 @@
+"""Versioned schema migrations, safe to run from many processes at once.
+
+`CREATE TABLE IF NOT EXISTS` alone races in PostgreSQL (two sessions can both
+pass the existence check), so every migration runs under one transaction-level
+advisory lock: concurrent callers queue, and each sees what the first applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
+
+SCHEMA = "guardedcron"
+# An arbitrary constant, the same in every version of the tool.
+MIGRATION_LOCK_KEY = 0x6763_726F_6E5F_6D69  # "gcron_mi"
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def load_migrations() -> list[Migration]:
+    folder = resources.files("guardedcron.guard").joinpath("sql")
+    found = []
+    for entry in folder.iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        number, _, rest = entry.name.partition("_")
+        found.append(Migration(int(number), rest.removesuffix(".sql"), entry.read_text()))
+    return sorted(found, key=lambda m: m.version)
+
+
+LATEST_VERSION = 1  # the schema this tool's SQL functions (the _v1 names) need
+
+
+def migrate(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
+    """Apply every migration not yet applied; return the ones this call applied."""
+    applied_now: list[Migration] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        conn.execute(
+            f"""CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_migrations (
+                    version    integer     PRIMARY KEY,
+                    name       text        NOT NULL,
+                    applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"""
+        )
+        done = {row[0] for row in conn.execute(f"SELECT version FROM {SCHEMA}.schema_migrations")}
+        for migration in load_migrations():
+            if migration.version in done:
+                continue
+            conn.execute(migration.sql.encode())
+            conn.execute(
+                f"INSERT INTO {SCHEMA}.schema_migrations (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+            applied_now.append(migration)
+    return applied_now
+
+
+def current_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    row = conn.execute(
+        "SELECT to_regclass('guardedcron.schema_migrations') IS NOT NULL"
+    ).fetchone()
+    if not row or not row[0]:
+        return 0
+    version = conn.execute(
+        f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.schema_migrations"
+    ).fetchone()
+    return int(version[0]) if version else 0  # type: ignore[call-overload]
