@@ -1,1 +1,34 @@
+"""The GuardedCronJob spec parsed into typed values, with the checks CEL cannot do (pure)."""
 
+from guardedcron.spec.defaults import apply_schema_defaults
+from guardedcron.spec.errors import Problem, SpecError
+from guardedcron.spec.model import (
+    GuardedCronJobSpec,
+    LeaseSpec,
+    OnLost,
+    ParsedSpec,
+    SecretKeyRef,
+)
+from guardedcron.spec.parse import parse_guarded_cronjob
+from guardedcron.spec.settings import (
+    GuardResources,
+    OperatorSettings,
+    SettingsError,
+    settings_from_env,
+)
+
+__all__ = [
+    "GuardResources",
+    "GuardedCronJobSpec",
+    "LeaseSpec",
+    "OnLost",
+    "OperatorSettings",
+    "ParsedSpec",
+    "Problem",
+    "SecretKeyRef",
+    "SettingsError",
+    "SpecError",
+    "apply_schema_defaults",
+    "parse_guarded_cronjob",
+    "settings_from_env",
+]

@@ -1,0 +1,138 @@
+"""The containers and volume guardedcron injects into every run's pod (pure).
+
+See docs/design.md, "Generated CronJob": the guard takes the lease before any workload
+container starts, the optional keeper renews it, and the shared volume hands the fence
+token to the workload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guardedcron import contract
+from guardedcron.spec import OperatorSettings, ParsedSpec
+
+# Composed in the pod from the downward API, so each pod holds the lease under its own name.
+ENV_HOLDER = "GUARDEDCRON_HOLDER"
+GUARD_COMMAND = "guardedcron"
+FENCE_PATH = f"{contract.RUN_DIR}/{contract.FENCE_FILE}"
+
+
+def literal_arg(value: str) -> str:
+    """Protect a literal from Kubernetes' $(VAR) expansion in command and args."""
+    return value.replace("$", "$$")
+
+
+def build_guard_container(parsed: ParsedSpec, settings: OperatorSettings) -> dict[str, Any]:
+    """The first init container: `guardedcron acquire`, exit 75 when the run must be skipped."""
+    lease = parsed.spec.lease
+    args = [
+        "acquire",
+        "--lock", literal_arg(lease.name),
+        "--holder", f"$({ENV_HOLDER})",
+        "--lease-seconds", str(lease.duration_seconds),
+        "--min-hold-seconds", str(lease.min_hold_seconds),
+        "--job-name", f"$({contract.ENV_JOB_NAME})",
+        "--cronjob", literal_arg(parsed.name),
+        "--out", contract.RUN_DIR,
+    ]
+    env = [*_identity_env(settings, with_job_name=True), _dsn_env(parsed)]
+    return _injected_container(contract.GUARD_CONTAINER, args, env, settings)
+
+
+def build_keeper_container(parsed: ParsedSpec, settings: OperatorSettings) -> dict[str, Any]:
+    """The native sidecar (`restartPolicy: Always`) that renews the lease while the workload
+    runs and releases it when the pod ends; it reads the fence the guard wrote, since no
+    one knows it when the pod is created."""
+    lease = parsed.spec.lease
+    args = [
+        "keep",
+        "--lock", literal_arg(lease.name),
+        "--holder", f"$({ENV_HOLDER})",
+        "--fence-file", FENCE_PATH,
+        "--lease-seconds", str(lease.duration_seconds),
+        "--out", contract.RUN_DIR,
+    ]
+    env = [*_identity_env(settings, with_job_name=False), _dsn_env(parsed)]
+    container = _injected_container(contract.KEEPER_CONTAINER, args, env, settings)
+    container["restartPolicy"] = "Always"
+    return container
+
+
+def build_run_volume(settings: OperatorSettings) -> dict[str, Any]:
+    """Memory-backed, so the fence never touches the node's disk, and small."""
+    return {
+        "name": contract.RUN_VOLUME,
+        "emptyDir": {"medium": "Memory", "sizeLimit": settings.run_volume_size_limit},
+    }
+
+
+def build_workload_mount() -> dict[str, Any]:
+    """The run volume as the workload sees it: readable, never writable."""
+    return {"name": contract.RUN_VOLUME, "mountPath": contract.RUN_DIR, "readOnly": True}
+
+
+def _injected_container(name: str, args: list[str], env: list[dict[str, Any]],
+                        settings: OperatorSettings) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": settings.guard_image,
+        "imagePullPolicy": settings.guard_image_pull_policy,
+        "command": [GUARD_COMMAND],
+        "args": args,
+        "env": env,
+        "resources": _resources(settings),
+        "securityContext": _restricted_security_context(settings),
+        # The guard's own one-line result when it wrote one, else the tail of its log.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": contract.RUN_VOLUME, "mountPath": contract.RUN_DIR}],
+    }
+
+
+def _identity_env(settings: OperatorSettings, *, with_job_name: bool) -> list[dict[str, Any]]:
+    # Order matters: Kubernetes expands $(VAR) only from variables defined earlier.
+    env = [
+        _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
+        _field_env(contract.ENV_POD_NAME, "metadata.name"),
+    ]
+    if with_job_name:
+        env.append(_field_env(contract.ENV_JOB_NAME,
+                              f"metadata.labels['{contract.LABEL_JOB_NAME}']"))
+    pod = f"$({contract.ENV_POD_NAMESPACE})/$({contract.ENV_POD_NAME})"
+    holder = f"{settings.cluster_name}/{pod}" if settings.cluster_name else pod
+    env.append({"name": ENV_HOLDER, "value": holder})
+    return env
+
+
+def _field_env(name: str, field_path: str) -> dict[str, Any]:
+    # apiVersion is what the API server would default; writing it keeps desired == live.
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
+
+
+def _dsn_env(parsed: ParsedSpec) -> dict[str, Any]:
+    # The kubelet reads the Secret for the pod; the operator never sees the DSN.
+    ref = parsed.spec.lease.database_secret_ref
+    return {"name": contract.ENV_DSN,
+            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def _resources(settings: OperatorSettings) -> dict[str, Any]:
+    amounts = settings.guard_resources
+    requests = {k: v for k, v in (("cpu", amounts.cpu_request),
+                                  ("memory", amounts.memory_request)) if v is not None}
+    limits = {k: v for k, v in (("cpu", amounts.cpu_limit),
+                                ("memory", amounts.memory_limit)) if v is not None}
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _restricted_security_context(settings: OperatorSettings) -> dict[str, Any]:
+    """Meets the Pod Security Standard "restricted", so namespaces enforcing it accept the pod."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": settings.guard_run_as_user,
+        "runAsGroup": settings.guard_run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }

@@ -1,0 +1,60 @@
+"""A GuardedCronJob as typed, validated values (see docs/design.md, "The GuardedCronJob API")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import tzinfo
+from typing import Any, Literal
+
+from guardedcron.schedule import Schedule
+
+OnLost = Literal["Record", "StopWorkload"]
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    """A key of a Secret in the GuardedCronJob's namespace; the pod reads it, the operator never."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class LeaseSpec:
+    name: str  # the lock name in the database; "<namespace>/<name>" unless set
+    database_secret_ref: SecretKeyRef
+    duration_seconds: int
+    min_hold_seconds: int
+    heartbeat: bool  # true adds the keeper sidecar that renews the lease
+    on_lost: OnLost
+
+
+@dataclass(frozen=True)
+class GuardedCronJobSpec:
+    schedule: Schedule
+    schedule_text: str  # as written, passed to the CronJob unchanged
+    time_zone: str | None  # IANA name as written; None: the controller's zone (UTC)
+    zone: tzinfo  # the loaded time zone, or UTC when unset: for next fire times
+    suspend: bool
+    starting_deadline_seconds: int
+    active_deadline_seconds: int
+    successful_jobs_history_limit: int
+    failed_jobs_history_limit: int
+    recent_runs_limit: int
+    missed_run_tolerance_seconds: int
+    lease: LeaseSpec
+    # The user's batch/v1 JobTemplateSpec, checked where guardedcron touches it; a private
+    # deep copy, so builders may read it freely (they copy again before changing anything).
+    job_template: Mapping[str, Any] = field(hash=False)
+
+
+@dataclass(frozen=True)
+class ParsedSpec:
+    """What `parse_guarded_cronjob` returns: the object's identity and its checked spec."""
+
+    name: str
+    namespace: str
+    uid: str | None  # None for a manifest never applied (render)
+    generation: int | None
+    spec: GuardedCronJobSpec

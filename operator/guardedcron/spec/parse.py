@@ -1,0 +1,392 @@
+"""Turn a GuardedCronJob object into a `ParsedSpec`, or a `SpecError` listing every problem.
+
+The input is the object as the API server returns it: schema defaults applied (for
+manifests never admitted, see `apply_schema_defaults`). The checks repeat the CRD's CEL
+rules, so `guardedcron render` gives the same answer offline as admission does, and add
+what CEL cannot decide: whether the schedule parses and the time zone exists, and
+whether the job template leaves room for the containers and volume guardedcron injects.
+"""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+import re
+from collections.abc import Mapping
+from datetime import UTC, tzinfo
+from typing import Any, TypeVar, cast, get_args
+
+from guardedcron import contract
+from guardedcron.schedule import Schedule, ScheduleError, load_time_zone
+from guardedcron.spec.errors import SpecError
+from guardedcron.spec.model import (
+    GuardedCronJobSpec,
+    LeaseSpec,
+    OnLost,
+    ParsedSpec,
+    SecretKeyRef,
+)
+from guardedcron.spec.reserved import (
+    RESERVED_CONTAINER_NAMES,
+    RESERVED_MOUNT_PATH,
+    RESERVED_VOLUME_NAME,
+    owner_labels,
+)
+
+API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
+DEFAULT_NAMESPACE = "default"
+MIN_STARTING_DEADLINE_SECONDS = 10  # the CronJob controller looks every 10 s; less may never fire
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_SCHEDULE_TZ_PREFIX = re.compile(r"^\s*(CRON_)?TZ=")
+# What the guard accepts as a lock name (guardedcron.guard.lease.check_name).
+MAX_LEASE_NAME_LENGTH = 253
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+_T = TypeVar("_T")
+_MISSING: Any = object()
+
+
+class _Reader:
+    """Reads typed fields out of plain dicts and records a problem for each bad one."""
+
+    def __init__(self) -> None:
+        self.problems: list[tuple[str, str]] = []
+
+    def problem(self, path: str, message: str) -> None:
+        self.problems.append((path, message))
+
+    def field(self, parent: Mapping[str, Any], key: str, path: str, kind: type[_T],
+              *, required: bool) -> _T | None:
+        value = parent.get(key, _MISSING)
+        if value is _MISSING or (value is None and not required):
+            if required:
+                self.problem(path, "required")
+            return None
+        if not _is_instance(value, kind):
+            self.problem(path, f"must be {_KIND_NAMES[kind]}, not {_describe(value)}")
+            return None
+        return cast(_T, value)
+
+    def integer(self, parent: Mapping[str, Any], key: str, path: str, *,
+                minimum: int) -> int | None:
+        value = self.field(parent, key, path, int, required=True)
+        if value is not None and value < minimum:
+            self.problem(path, f"must be at least {minimum}, not {value}")
+            return None
+        return value
+
+
+_KIND_NAMES: dict[type, str] = {
+    str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list",
+}
+
+
+def _is_instance(value: Any, kind: type) -> bool:
+    if kind is int:  # YAML's true/false are Python bools, which are ints; not here
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    for kind, name in _KIND_NAMES.items():
+        if _is_instance(value, kind):
+            return f"{name} ({value!r})" if kind in (str, int, bool) else name
+    return f"{type(value).__name__} ({value!r})"
+
+
+def parse_guarded_cronjob(obj: Mapping[str, Any], *,
+                          default_namespace: str = DEFAULT_NAMESPACE) -> ParsedSpec:
+    """Check a GuardedCronJob object and return it typed; raise `SpecError` with all problems.
+
+    `default_namespace` stands in for a missing metadata.namespace (manifests for render).
+    """
+    r = _Reader()
+    if obj.get("apiVersion") != API_VERSION:
+        r.problem("apiVersion", f"must be {API_VERSION}, not {obj.get('apiVersion')!r}")
+    if obj.get("kind") != contract.KIND:
+        r.problem("kind", f"must be {contract.KIND}, not {obj.get('kind')!r}")
+
+    metadata = r.field(obj, "metadata", "metadata", dict, required=True) or {}
+    name = _read_name(r, metadata)
+    namespace = r.field(metadata, "namespace", "metadata.namespace", str, required=False)
+    if namespace is not None and not _DNS_LABEL.match(namespace):
+        r.problem("metadata.namespace", f"{namespace!r} is not a valid namespace name")
+    namespace = namespace or default_namespace
+    uid = r.field(metadata, "uid", "metadata.uid", str, required=False)
+    generation = r.field(metadata, "generation", "metadata.generation", int, required=False)
+
+    spec_obj = r.field(obj, "spec", "spec", dict, required=True)
+    spec = (_read_spec(r, spec_obj, name, namespace)
+            if spec_obj is not None and name is not None else None)
+
+    if r.problems:
+        raise SpecError(r.problems)
+    assert spec is not None and name is not None  # no problems means both were read
+    return ParsedSpec(name=name, namespace=namespace, uid=uid or None,
+                      generation=generation, spec=spec)
+
+
+def _read_name(r: _Reader, metadata: Mapping[str, Any]) -> str | None:
+    name = r.field(metadata, "name", "metadata.name", str, required=True)
+    if name is None:
+        return None
+    if len(name) > contract.CRONJOB_NAME_MAX:
+        r.problem("metadata.name", f"must be at most {contract.CRONJOB_NAME_MAX} characters "
+                  f"(a CronJob's limit, so its Job names fit in 63), not {len(name)}")
+    elif not _DNS_SUBDOMAIN.match(name):
+        r.problem("metadata.name", f"{name!r} must consist of lower-case letters, digits, "
+                  "'-' and '.', and start and end with a letter or digit")
+    return name
+
+
+def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str, namespace: str
+               ) -> GuardedCronJobSpec | None:
+    schedule_text = r.field(spec, "schedule", "spec.schedule", str, required=True)
+    schedule = _read_schedule(r, schedule_text)
+    time_zone = r.field(spec, "timeZone", "spec.timeZone", str, required=False)
+    zone = _read_time_zone(r, time_zone)
+    suspend = r.field(spec, "suspend", "spec.suspend", bool, required=True)
+
+    policy = r.field(spec, "concurrencyPolicy", "spec.concurrencyPolicy", str, required=False)
+    if policy is not None and policy != "Forbid":
+        r.problem("spec.concurrencyPolicy",
+                  f"must be Forbid (guardedcron never runs a job twice at once), not {policy!r}")
+
+    starting = r.integer(spec, "startingDeadlineSeconds", "spec.startingDeadlineSeconds",
+                         minimum=MIN_STARTING_DEADLINE_SECONDS)
+    active = r.integer(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", minimum=1)
+    successful = r.integer(spec, "successfulJobsHistoryLimit", "spec.successfulJobsHistoryLimit",
+                           minimum=0)
+    failed = r.integer(spec, "failedJobsHistoryLimit", "spec.failedJobsHistoryLimit", minimum=0)
+    recent = r.integer(spec, "recentRunsLimit", "spec.recentRunsLimit", minimum=0)
+    tolerance = r.integer(spec, "missedRunToleranceSeconds", "spec.missedRunToleranceSeconds",
+                          minimum=0)
+
+    lease_obj = r.field(spec, "lease", "spec.lease", dict, required=True)
+    lease = (_read_lease(r, lease_obj, f"{namespace}/{name}", active)
+             if lease_obj is not None else None)
+
+    template = r.field(spec, "jobTemplate", "spec.jobTemplate", dict, required=True)
+    if template is not None:
+        _check_job_template(r, template, active, owner_labels(name))
+
+    if (schedule is None or schedule_text is None or suspend is None or starting is None
+            or active is None or successful is None or failed is None or recent is None
+            or tolerance is None or lease is None or template is None
+            or zone is None):
+        return None
+    return GuardedCronJobSpec(
+        schedule=schedule, schedule_text=schedule_text, time_zone=time_zone, zone=zone,
+        suspend=suspend, starting_deadline_seconds=starting, active_deadline_seconds=active,
+        successful_jobs_history_limit=successful, failed_jobs_history_limit=failed,
+        recent_runs_limit=recent, missed_run_tolerance_seconds=tolerance, lease=lease,
+        job_template=copy.deepcopy(template),
+    )
+
+
+def _read_schedule(r: _Reader, text: str | None) -> Schedule | None:
+    if text is None:
+        return None
+    if _SCHEDULE_TZ_PREFIX.match(text):
+        r.problem("spec.schedule", "must not start with TZ= or CRON_TZ=; set spec.timeZone")
+        return None
+    try:
+        return Schedule.parse(text)
+    except ScheduleError as exc:
+        r.problem("spec.schedule", f"{text!r} is not a valid cron schedule: {exc}")
+        return None
+
+
+def _read_time_zone(r: _Reader, name: str | None) -> tzinfo | None:
+    if name is None:
+        return UTC  # what the controller uses without spec.timeZone (see docs/design.md)
+    try:
+        return load_time_zone(name)
+    except ScheduleError as exc:
+        r.problem("spec.timeZone", f"{name!r} is not a known time zone: {exc}")
+        return None
+
+
+def _read_lease(r: _Reader, lease: Mapping[str, Any], default_name: str,
+                active_deadline: int | None) -> LeaseSpec | None:
+    ref = _read_secret_ref(r, lease)
+    name = r.field(lease, "name", "spec.lease.name", str, required=False)
+    if name is not None and not name.strip():
+        r.problem("spec.lease.name", "must not be empty")
+    elif name is not None and len(name) > MAX_LEASE_NAME_LENGTH:
+        r.problem("spec.lease.name",
+                  f"must be at most {MAX_LEASE_NAME_LENGTH} characters, not {len(name)}")
+    elif name is not None and _CONTROL_CHARACTER.search(name):
+        r.problem("spec.lease.name", "must not contain control characters")
+    duration = r.integer(lease, "durationSeconds", "spec.lease.durationSeconds", minimum=1)
+    min_hold = r.integer(lease, "minHoldSeconds", "spec.lease.minHoldSeconds", minimum=0)
+    heartbeat = r.field(lease, "heartbeat", "spec.lease.heartbeat", bool, required=True)
+    on_lost = r.field(lease, "onLost", "spec.lease.onLost", str, required=True)
+    if on_lost is not None and on_lost not in get_args(OnLost):
+        r.problem("spec.lease.onLost",
+                  f"must be one of {', '.join(get_args(OnLost))}, not {on_lost!r}")
+        on_lost = None
+
+    if duration is not None and min_hold is not None and min_hold > duration:
+        r.problem("spec.lease.minHoldSeconds",
+                  f"must be at most spec.lease.durationSeconds ({duration}), not {min_hold}")
+    if (heartbeat is False and duration is not None and active_deadline is not None
+            and duration <= active_deadline):
+        r.problem("spec.lease.durationSeconds",
+                  f"must exceed spec.activeDeadlineSeconds ({active_deadline}) unless "
+                  f"spec.lease.heartbeat is true, not {duration}: the lease would run out "
+                  "while the job may still be running")
+
+    if (ref is None or duration is None or min_hold is None or heartbeat is None
+            or on_lost is None or min_hold > duration):
+        return None
+    return LeaseSpec(name=name or default_name, database_secret_ref=ref,
+                     duration_seconds=duration, min_hold_seconds=min_hold, heartbeat=heartbeat,
+                     on_lost=cast(OnLost, on_lost))
+
+
+def _read_secret_ref(r: _Reader, lease: Mapping[str, Any]) -> SecretKeyRef | None:
+    path = "spec.lease.databaseSecretRef"
+    ref = r.field(lease, "databaseSecretRef", path, dict, required=True)
+    if ref is None:
+        return None
+    name = r.field(ref, "name", f"{path}.name", str, required=True)
+    key = r.field(ref, "key", f"{path}.key", str, required=True)
+    if name is not None and not _DNS_SUBDOMAIN.match(name):
+        r.problem(f"{path}.name", f"{name!r} is not a valid Secret name")
+        name = None
+    if key is not None and not _SECRET_KEY.match(key):
+        r.problem(f"{path}.key", f"{key!r} is not a valid Secret key "
+                  "(letters, digits, '-', '_' and '.')")
+        key = None
+    if name is None or key is None:
+        return None
+    return SecretKeyRef(name=name, key=key)
+
+
+def _check_job_template(r: _Reader, template: Mapping[str, Any], active_deadline: int | None,
+                        labels: Mapping[str, str]) -> None:
+    path = "spec.jobTemplate"
+    _check_template_labels(r, template, f"{path}.metadata", labels)
+    job = r.field(template, "spec", f"{path}.spec", dict, required=True)
+    if job is None:
+        return
+    path = f"{path}.spec"
+    _expect(r, job, "backoffLimit", path, 0,
+            "a failed run is not retried: the next run is the next schedule")
+    for key in ("parallelism", "completions"):
+        _expect(r, job, key, path, 1, "one pod per run, so one guard decides the run")
+    _expect(r, job, "podReplacementPolicy", path, "Failed",
+            "no replacement pod may start while the old one is still terminating")
+    if job.get("podFailurePolicy") is not None:
+        r.problem(f"{path}.podFailurePolicy",
+                  "must not be set: guardedcron sets it to fail the Job when the guard skips "
+                  "or fails")
+    deadline = r.field(job, "activeDeadlineSeconds", f"{path}.activeDeadlineSeconds", int,
+                       required=False)
+    if deadline is not None and active_deadline is not None and deadline != active_deadline:
+        r.problem(f"{path}.activeDeadlineSeconds",
+                  f"must be unset or equal to spec.activeDeadlineSeconds ({active_deadline}), "
+                  f"not {deadline}")
+
+    pod = r.field(job, "template", f"{path}.template", dict, required=True)
+    if pod is None:
+        return
+    path = f"{path}.template"
+    _check_template_labels(r, pod, f"{path}.metadata", labels)
+    pod_spec = r.field(pod, "spec", f"{path}.spec", dict, required=True)
+    if pod_spec is not None:
+        _check_pod_spec(r, pod_spec, f"{path}.spec")
+
+
+def _expect(r: _Reader, parent: Mapping[str, Any], key: str, path: str, wanted: object,
+            why: str) -> None:
+    value = parent.get(key)
+    if value is not None and (value != wanted or type(value) is not type(wanted)):
+        r.problem(f"{path}.{key}", f"must be unset or {wanted} ({why}), not {value!r}")
+
+
+def _check_template_labels(r: _Reader, template: Mapping[str, Any], path: str,
+                           owned: Mapping[str, str]) -> None:
+    metadata = r.field(template, "metadata", path, dict, required=False)
+    if metadata is None:
+        return
+    for key in ("labels", "annotations"):
+        values = r.field(metadata, key, f"{path}.{key}", dict, required=False) or {}
+        for name, value in values.items():
+            if not isinstance(value, str):
+                r.problem(f"{path}.{key}[{name}]", f"must be a string, not {_describe(value)}")
+    labels = metadata.get("labels") or {}
+    if not isinstance(labels, dict):
+        return
+    for key, value in owned.items():
+        if key in labels and labels[key] != value:
+            r.problem(f"{path}.labels[{key}]",
+                      f"is {labels[key]!r}, but guardedcron sets this label to {value!r} to "
+                      "link the run to its GuardedCronJob; remove it")
+
+
+def _check_pod_spec(r: _Reader, pod_spec: Mapping[str, Any], path: str) -> None:
+    _expect(r, pod_spec, "restartPolicy", path, "Never",
+            "a failed container must fail the run, not restart inside it")
+    init_containers = _read_named_list(r, pod_spec, "initContainers", path, required=False)
+    containers = _read_named_list(r, pod_spec, "containers", path, required=True)
+    if containers == []:
+        r.problem(f"{path}.containers", "must list at least one container")
+    volumes = _read_named_list(r, pod_spec, "volumes", path, required=False)
+
+    for list_path, items in (*init_containers.items(), *containers.items()):
+        for index, container in enumerate(items):
+            item_path = f"{list_path}[{index}]"
+            if container.get("name") in RESERVED_CONTAINER_NAMES:
+                r.problem(f"{item_path}.name",
+                          f"{container['name']!r} is reserved for the container guardedcron "
+                          "injects; rename this container")
+            _check_mounts(r, container, item_path)
+    for list_path, items in volumes.items():
+        for index, volume in enumerate(items):
+            if volume.get("name") == RESERVED_VOLUME_NAME:
+                r.problem(f"{list_path}[{index}].name",
+                          f"{RESERVED_VOLUME_NAME!r} is reserved for the volume guardedcron "
+                          f"mounts at {contract.RUN_DIR}; rename this volume")
+
+
+def _read_named_list(r: _Reader, parent: Mapping[str, Any], key: str, path: str, *,
+                     required: bool) -> dict[str, list[dict[str, Any]]]:
+    """{path: items} when `key` is a list of objects that each have a name; else {} or []."""
+    path = f"{path}.{key}"
+    items = r.field(parent, key, path, list, required=required)
+    if items is None:
+        return {}
+    good = True
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            r.problem(f"{path}[{index}]", f"must be an object, not {_describe(item)}")
+            good = False
+        elif r.field(item, "name", f"{path}[{index}].name", str, required=True) is None:
+            good = False
+    return {path: items} if good else {}
+
+
+def _check_mounts(r: _Reader, container: Mapping[str, Any], path: str) -> None:
+    mounts = r.field(container, "volumeMounts", f"{path}.volumeMounts", list, required=False)
+    for index, mount in enumerate(mounts or ()):
+        mount_path = f"{path}.volumeMounts[{index}]"
+        if not isinstance(mount, dict):
+            r.problem(mount_path, f"must be an object, not {_describe(mount)}")
+            continue
+        if mount.get("name") == RESERVED_VOLUME_NAME:
+            r.problem(f"{mount_path}.name",
+                      f"{RESERVED_VOLUME_NAME!r} is reserved: guardedcron mounts it in every "
+                      f"container at {contract.RUN_DIR}; remove this mount")
+        target = mount.get("mountPath")
+        if isinstance(target, str) and posixpath.normpath(target) == RESERVED_MOUNT_PATH:
+            r.problem(f"{mount_path}.mountPath",
+                      f"{RESERVED_MOUNT_PATH} is reserved for the fence and lease files "
+                      "guardedcron mounts there; mount this volume elsewhere")
