@@ -1,0 +1,271 @@
+"""`helm lint` and `helm template` over the chart's value sets, with the rendered
+objects validated offline against the Kubernetes OpenAPI schemas."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.packaging.chart import (
+    CHART,
+    RELEASE_NAMESPACE,
+    VALUE_SETS,
+    by_kind,
+    helm,
+    one,
+    render,
+    template,
+)
+
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
+# schema set kubernetes-validate ships that we pin to.
+KUBERNETES_VERSIONS = ("1.32.0", "1.35.0")
+# Kinds from CRDs, checked by the tests below rather than by the built-in schemas.
+CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering", "ServiceMonitor", "PrometheusRule"}
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_helm_lint_passes(name: str) -> None:
+    result = helm(["lint", "--strict", str(CHART)], VALUE_SETS[name])
+    assert result.code == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_rendered_objects_validate_against_kubernetes_schemas(name: str) -> None:
+    objects = render(VALUE_SETS[name])
+    builtin = [obj for obj in objects if obj["kind"] not in CUSTOM_KINDS]
+    assert builtin, "nothing rendered"
+    for obj in builtin:
+        for version in KUBERNETES_VERSIONS:
+            # strict: unknown fields are errors too, not only wrong types
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_validation_catches_a_broken_object() -> None:
+    """The schema check above is not vacuous: a misspelt field fails it."""
+    deployment = copy.deepcopy(one(render(), "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("name", ["peering", "peering-namespaced", "everything"])
+def test_peering_objects_match_the_peering_crds_the_chart_installs(name: str) -> None:
+    objects = render(VALUE_SETS[name])
+    crds = {crd["spec"]["names"]["kind"]: crd for crd in by_kind(objects, "CustomResourceDefinition")}
+    peerings = by_kind(objects, "ClusterKopfPeering") + by_kind(objects, "KopfPeering")
+    assert peerings
+    for peering in peerings:
+        crd = crds[peering["kind"]]
+        assert peering["apiVersion"] == f"{crd['spec']['group']}/v1"
+        assert ("namespace" in peering["metadata"]) == (crd["spec"]["scope"] == "Namespaced")
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        jsonschema.validate(peering, schema)
+        # a hook: Helm builds a release's objects before creating its CRDs
+        assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
+
+
+def test_peering_uses_one_object_per_watched_namespace() -> None:
+    objects = render(VALUE_SETS["peering-namespaced"])
+    assert [p["metadata"]["namespace"] for p in by_kind(objects, "KopfPeering")] == ["billing"]
+    assert not by_kind(objects, "ClusterKopfPeering")
+    assert not by_kind(objects, "ClusterRole")
+
+
+def test_default_install_is_standalone_with_recreate() -> None:
+    objects = render()
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert env_of(deployment)["GUARDEDCRON_PEERING"] == ""
+    groups = {crd["spec"]["group"] for crd in by_kind(objects, "CustomResourceDefinition")}
+    assert "kopf.dev" not in groups
+
+
+def test_two_replicas_get_distinct_priorities_from_their_pod_ip() -> None:
+    deployment = one(render(VALUE_SETS["peering"]), "Deployment")
+    env = env_of(deployment)
+    assert deployment["spec"]["replicas"] == 2
+    assert env["GUARDEDCRON_PEERING"] == "guardedcron"
+    assert env["GUARDEDCRON_PRIORITY"] == "pod-ip"
+    assert env["GUARDEDCRON_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_two_replicas_without_peering_are_refused() -> None:
+    result = template({"replicaCount": 2})
+    assert result.code != 0
+    assert "replicaCount > 1 needs peering.enabled" in result.stderr
+
+
+def test_operator_settings_reach_the_environment() -> None:
+    deployment = one(render(VALUE_SETS["everything"]), "Deployment")
+    env = env_of(deployment)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "ghcr.io/guardedcron/guardedcron@sha256:" + "ab" * 32
+    assert container["args"] == ["operator", "--liveness=http://0.0.0.0:8080/healthz"]
+    assert env["GUARDEDCRON_GUARD_IMAGE"] == "registry.example/guard:1.2.3"
+    assert env["GUARDEDCRON_CLUSTER_NAME"] == "eu-west-1"
+    assert env["GUARDEDCRON_OUTCOME_RECORDING"] == "true"
+    assert env["GUARDEDCRON_PEERING"] == "gc-peers"
+    assert env["GUARDEDCRON_METRICS_PORT"] == "9090"
+    namespaced = env_of(one(render(VALUE_SETS["namespaced"]), "Deployment"))
+    assert namespaced["GUARDEDCRON_NAMESPACES"] == "billing,reports"
+    default = env_of(one(render(), "Deployment"))
+    assert default["GUARDEDCRON_NAMESPACES"] == ""
+    assert default["GUARDEDCRON_GUARD_IMAGE"] == "ghcr.io/guardedcron/guardedcron:0.1.0"
+
+
+def test_every_operator_env_name_is_documented_in_the_design() -> None:
+    design = (CHART.parents[1] / "docs" / "design.md").read_text()
+    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", design, flags=re.MULTILINE))
+    env = env_of(one(render(VALUE_SETS["everything"]), "Deployment"))
+    assert set(env) <= documented, set(env) - documented
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_pods_meet_the_restricted_pod_security_standard(name: str) -> None:
+    pod = one(render(VALUE_SETS[name]), "Deployment")["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+
+
+def test_restricted_check_finds_violations() -> None:
+    pod = copy.deepcopy(one(render(), "Deployment")["spec"]["template"]["spec"])
+    container = pod["containers"][0]
+    container["securityContext"]["allowPrivilegeEscalation"] = True
+    container["securityContext"]["capabilities"] = {"add": ["NET_ADMIN"]}
+    pod["hostNetwork"] = True
+    assert len(restricted_violations(pod)) == 4
+
+
+def test_probes_call_kopfs_health_endpoint() -> None:
+    container = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["resources"]["limits"]["memory"]
+
+
+def test_metrics_service_selects_the_operator_pods() -> None:
+    objects = render(VALUE_SETS["monitoring"])
+    service = one(objects, "Service")
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_monitoring_objects_are_off_by_default() -> None:
+    kinds = {obj["kind"] for obj in render()}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule"}
+
+
+def test_render_is_fast() -> None:
+    result = template(VALUE_SETS["everything"])
+    assert result.code == 0, result.stderr
+    print(f"helm template (everything on): {result.seconds * 1000:.0f} ms")
+    assert result.seconds < 5
+
+
+# --- README in step with values.yaml
+
+
+def values_keys(values: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted paths of values.yaml; a map with children contributes its children."""
+    keys: set[str] = set()
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            keys |= values_keys(value, f"{path}.")
+        else:
+            keys.add(path)
+    return keys
+
+
+def test_readme_documents_every_value_and_nothing_else() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([A-Za-z0-9_.-]+)` \|", readme, flags=re.MULTILINE))
+    keys = values_keys(values)
+    assert keys - documented == set(), "values missing from charts/guardedcron/README.md"
+    assert documented - keys == set(), "README documents values that do not exist"
+
+
+def test_readme_defaults_match_values() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    rows = re.findall(r"^\| `([A-Za-z0-9_.-]+)` \| `([^`]*)` \|", readme, flags=re.MULTILINE)
+    assert rows
+    for key, default in rows:
+        value: Any = values
+        for part in key.split("."):
+            value = value[part]
+        assert yaml.safe_load(default) == value, f"README default of {key} is {default!r}"
+
+
+# --- helpers
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in container["env"]}
+
+
+RESTRICTED_VOLUME_TYPES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+    "persistentVolumeClaim", "projected", "secret",
+}
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """The Pod Security Standard 'restricted' profile (plus our read-only root), as a list."""
+    found = []
+    pod_context = pod.get("securityContext", {})
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(flag):
+            found.append(f"pod: {flag}")
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUME_TYPES:
+            found.append(f"volume {volume['name']}: type {kinds}")
+    containers = pod.get("initContainers", []) + pod["containers"]
+    for container in containers:
+        context = container.get("securityContext", {})
+        name = container["name"]
+
+        def setting(key: str, context: dict[str, Any] = context) -> Any:
+            return context.get(key, pod_context.get(key))
+
+        if setting("runAsNonRoot") is not True:
+            found.append(f"{name}: runAsNonRoot")
+        if setting("runAsUser") == 0:
+            found.append(f"{name}: runAsUser 0")
+        if (setting("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name}: seccompProfile")
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            found.append(f"{name}: capabilities.drop ALL")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{name}: capabilities.add")
+        if context.get("privileged"):
+            found.append(f"{name}: privileged")
+        if context.get("readOnlyRootFilesystem") is not True:
+            found.append(f"{name}: readOnlyRootFilesystem")
+        if any(port.get("hostPort") for port in container.get("ports", [])):
+            found.append(f"{name}: hostPort")
+    return found
