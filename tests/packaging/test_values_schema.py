@@ -1,0 +1,73 @@
+"""values.schema.json turns bad values into a failed `helm template` naming the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.packaging.chart import template
+
+# (case id, values, the location helm must name in its message)
+BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown top-level key", {"replicas": 2}, "additional properties 'replicas'"),
+    ("unknown nested key", {"image": {"name": "x"}}, "additional properties 'name'"),
+    ("latest tag", {"image": {"tag": "latest"}}, "/image/tag"),
+    ("tag with a space", {"image": {"tag": "1.0 beta"}}, "/image/tag"),
+    ("bad digest", {"image": {"digest": "sha256:xyz"}}, "/image/digest"),
+    ("pull policy", {"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ("empty repository", {"image": {"repository": ""}}, "/image/repository"),
+    ("guard image latest", {"guardImage": "shop/guard:latest"}, "/guardImage"),
+    ("namespace not a DNS label", {"watchNamespaces": ["Billing_Team"]}, "/watchNamespaces/0"),
+    ("namespace as a string", {"watchNamespaces": "billing"}, "/watchNamespaces"),
+    ("duplicate namespaces", {"watchNamespaces": ["a", "a"]}, "/watchNamespaces"),
+    ("negative replicas", {"replicaCount": -1}, "/replicaCount"),
+    ("replicas as a string", {"replicaCount": "2"}, "/replicaCount"),
+    ("peering flag as a string", {"peering": {"enabled": "yes"}}, "/peering/enabled"),
+    ("peering name", {"peering": {"name": "Not Valid"}}, "/peering/name"),
+    ("crds switch as a string", {"crds": {"enabled": "false"}}, "/crds/enabled"),
+    ("outcome recording typo", {"outcomeRecording": {"enable": True}},
+     "additional properties 'enable'"),
+    ("metrics port too high", {"metrics": {"port": 70000}}, "/metrics/port"),
+    ("health port zero", {"health": {"port": 0}}, "/health/port"),
+    ("probe period zero", {"health": {"livenessProbe": {"periodSeconds": 0}}},
+     "/health/livenessProbe/periodSeconds"),
+    ("service type", {"metrics": {"service": {"type": "Ingress"}}}, "/metrics/service/type"),
+    ("scrape interval", {"metrics": {"serviceMonitor": {"interval": "30 seconds"}}},
+     "/metrics/serviceMonitor/interval"),
+    ("no-success periods zero", {"metrics": {"prometheusRule": {"noSuccessPeriods": 0}}},
+     "/metrics/prometheusRule/noSuccessPeriods"),
+    ("severity", {"metrics": {"prometheusRule": {"severity": {"overlap": "page"}}}},
+     "/metrics/prometheusRule/severity/overlap"),
+    ("memory quantity", {"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
+    ("unknown resource", {"resources": {"limits": {"gpu": 1}}}, "additional properties 'gpu'"),
+    ("log level", {"logLevel": "verbose"}, "/logLevel"),
+    ("label value not a string", {"podLabels": {"team": 7}}, "/podLabels/team"),
+    ("cluster name", {"clusterName": "eu west"}, "/clusterName"),
+    ("pull secret", {"imagePullSecrets": ["regcred"]}, "/imagePullSecrets/0"),
+]
+
+
+@pytest.mark.parametrize(("case", "values", "where"), BAD_VALUES, ids=[c[0] for c in BAD_VALUES])
+def test_bad_values_fail_with_the_key_named(case: str, values: dict[str, Any], where: str) -> None:
+    result = template(values)
+    assert result.code != 0, f"{case}: helm accepted {values}"
+    assert "don't meet the specifications of the schema" in result.stderr, result.stderr
+    assert where in result.stderr, result.stderr
+    assert result.stdout.strip() == "", "nothing may be rendered from bad values"
+
+
+def test_good_variants_pass_the_schema() -> None:
+    """The strict schema still accepts every documented kind of value."""
+    result = template({
+        "image": {"tag": "0.1.0-rc.1", "digest": "sha256:" + "0" * 64, "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "guardImage": "registry.example:5000/team/guard@sha256:" + "1" * 64,
+        "clusterName": "eu-west-1.prod",
+        "watchNamespaces": ["billing", "reports-2"],
+        "resources": {"requests": {"cpu": 0.1, "memory": "64Mi"}, "limits": {"cpu": "1"}},
+        "metrics": {"prometheusRule": {"enabled": True, "window": "1h30m"}},
+        "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        "global": {"imageRegistry": "mirror.example"},
+    })
+    assert result.code == 0, result.stderr
