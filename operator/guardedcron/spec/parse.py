@@ -112,18 +112,21 @@ def parse_guarded_cronjob(obj: Mapping[str, Any], *,
     if obj.get("kind") != contract.KIND:
         r.problem("kind", f"must be {contract.KIND}, not {obj.get('kind')!r}")
 
-    metadata = r.field(obj, "metadata", "metadata", dict, required=True) or {}
-    name = _read_name(r, metadata)
-    namespace = r.field(metadata, "namespace", "metadata.namespace", str, required=False)
-    if namespace is not None and not _DNS_LABEL.match(namespace):
-        r.problem("metadata.namespace", f"{namespace!r} is not a valid namespace name")
+    metadata = r.field(obj, "metadata", "metadata", dict, required=True)
+    name = namespace = uid = generation = None
+    if metadata is not None:
+        name = _read_name(r, metadata)
+        namespace = r.field(metadata, "namespace", "metadata.namespace", str, required=False)
+        if namespace is not None and not _DNS_LABEL.match(namespace):
+            r.problem("metadata.namespace", f"{namespace!r} is not a valid namespace name")
+        uid = r.field(metadata, "uid", "metadata.uid", str, required=False)
+        generation = r.field(metadata, "generation", "metadata.generation", int,
+                             required=False)
     namespace = namespace or default_namespace
-    uid = r.field(metadata, "uid", "metadata.uid", str, required=False)
-    generation = r.field(metadata, "generation", "metadata.generation", int, required=False)
 
     spec_obj = r.field(obj, "spec", "spec", dict, required=True)
-    spec = (_read_spec(r, spec_obj, name, namespace)
-            if spec_obj is not None and name is not None else None)
+    # Checked even without a name, so that every problem is reported in one go.
+    spec = _read_spec(r, spec_obj, name, namespace) if spec_obj is not None else None
 
     if r.problems:
         raise SpecError(r.problems)
@@ -145,7 +148,7 @@ def _read_name(r: _Reader, metadata: Mapping[str, Any]) -> str | None:
     return name
 
 
-def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str, namespace: str
+def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace: str
                ) -> GuardedCronJobSpec | None:
     schedule_text = r.field(spec, "schedule", "spec.schedule", str, required=True)
     schedule = _read_schedule(r, schedule_text)
@@ -169,17 +172,17 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str, namespace: str
                           minimum=0)
 
     lease_obj = r.field(spec, "lease", "spec.lease", dict, required=True)
-    lease = (_read_lease(r, lease_obj, f"{namespace}/{name}", active)
+    lease = (_read_lease(r, lease_obj, f"{namespace}/{name or ''}", active)
              if lease_obj is not None else None)
 
     template = r.field(spec, "jobTemplate", "spec.jobTemplate", dict, required=True)
     if template is not None:
-        _check_job_template(r, template, active, owner_labels(name))
+        _check_job_template(r, template, active, owner_labels(name) if name else {})
 
     if (schedule is None or schedule_text is None or suspend is None or starting is None
             or active is None or successful is None or failed is None or recent is None
             or tolerance is None or lease is None or template is None
-            or zone is None):
+            or zone is None or name is None):
         return None
     return GuardedCronJobSpec(
         schedule=schedule, schedule_text=schedule_text, time_zone=time_zone, zone=zone,
@@ -209,7 +212,7 @@ def _read_time_zone(r: _Reader, name: str | None) -> tzinfo | None:
     try:
         return load_time_zone(name)
     except ScheduleError as exc:
-        r.problem("spec.timeZone", f"{name!r} is not a known time zone: {exc}")
+        r.problem("spec.timeZone", str(exc))  # names the zone and says what is wrong
         return None
 
 
@@ -337,7 +340,7 @@ def _check_pod_spec(r: _Reader, pod_spec: Mapping[str, Any], path: str) -> None:
             "a failed container must fail the run, not restart inside it")
     init_containers = _read_named_list(r, pod_spec, "initContainers", path, required=False)
     containers = _read_named_list(r, pod_spec, "containers", path, required=True)
-    if containers == []:
+    if pod_spec.get("containers") == []:
         r.problem(f"{path}.containers", "must list at least one container")
     volumes = _read_named_list(r, pod_spec, "volumes", path, required=False)
 
