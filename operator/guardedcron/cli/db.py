@@ -36,8 +36,7 @@ def run_migrate(args: argparse.Namespace) -> int:
         return exc.exit_code
     for migration in applied:
         print(f"applied migration {migration.version} ({migration.name})", file=sys.stderr)
-    emit({"database": describe(dsn), "schema_version": version,
-          "applied": [m.version for m in applied]})
+    emit({"database": describe(dsn), "schema_version": version, "applied": [m.version for m in applied]})
     return EXIT_OK
 
 
@@ -54,7 +53,10 @@ def run_status(args: argparse.Namespace) -> int:
         return exc.exit_code
     emit({"database": describe(dsn), "schema_version": version, "tool_needs": LATEST_VERSION})
     if version < LATEST_VERSION:
-        say("db status", f"schema version {version} is older than this tool needs "
-                         f"({LATEST_VERSION}); run `guardedcron db migrate`")
+        say(
+            "db status",
+            f"schema version {version} is older than this tool needs "
+            f"({LATEST_VERSION}); run `guardedcron db migrate`",
+        )
         return EXIT_SCHEMA
     return EXIT_OK

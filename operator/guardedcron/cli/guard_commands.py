@@ -29,12 +29,14 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser.add_argument("--holder", required=True, help="who is asking, e.g. namespace/pod")
     if name == "acquire":
         parser.add_argument("--lease-seconds", required=True, help="how long the lease lasts")
-        parser.add_argument("--min-hold-seconds", default="0",
-                            help="keep the lease at least this long, even after release")
+        parser.add_argument(
+            "--min-hold-seconds", default="0", help="keep the lease at least this long, even after release"
+        )
         slot = parser.add_mutually_exclusive_group()
         slot.add_argument("--slot", help="the scheduled minute (minutes since the epoch)")
-        slot.add_argument("--job-name",
-                          help="derive the slot from a CronJob-made Job name <cronjob>-<minutes>")
+        slot.add_argument(
+            "--job-name", help="derive the slot from a CronJob-made Job name <cronjob>-<minutes>"
+        )
         parser.add_argument("--cronjob", help="with --job-name: the CronJob's name")
         parser.add_argument("--out", type=Path, help="folder for the fence and lease.json files")
         parser.add_argument("--retain-days", default="90", help="run history kept, days")
@@ -45,28 +47,34 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         parser.add_argument("--lease-seconds", required=True, help="new lease length from now")
         parser.set_defaults(run=run_renew)
     elif name == "release":
-        parser.add_argument("--outcome", default="finished",
-                            choices=["succeeded", "failed", "finished"],
-                            help="what the run's history row records (default: finished)")
+        parser.add_argument(
+            "--outcome",
+            default="finished",
+            choices=["succeeded", "failed", "finished"],
+            help="what the run's history row records (default: finished)",
+        )
         parser.set_defaults(run=run_release)
     elif name == "keep":
         fence = parser.add_mutually_exclusive_group(required=True)
         fence.add_argument("--fence", help="the fencing token you hold")
-        fence.add_argument("--fence-file", type=Path,
-                           help="read the token from this file (as written by acquire --out)")
-        parser.add_argument("--lease-seconds", required=True,
-                            help="lease length; renewed every third of it")
+        fence.add_argument(
+            "--fence-file", type=Path, help="read the token from this file (as written by acquire --out)"
+        )
+        parser.add_argument("--lease-seconds", required=True, help="lease length; renewed every third of it")
         parser.add_argument("--out", type=Path, help="folder for the `lost` marker")
-        parser.add_argument("--on-lost", choices=["exit", "wait"], default="exit",
-                            help="when the lease is lost: exit 76 at once (default) or wait for SIGTERM")
+        parser.add_argument(
+            "--on-lost",
+            choices=["exit", "wait"],
+            default="exit",
+            help="when the lease is lost: exit 76 at once (default) or wait for SIGTERM",
+        )
         parser.set_defaults(run=run_keep)
     add_connection_options(parser)
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dsn", help="PostgreSQL connection string (default: $GUARDEDCRON_DSN)")
-    parser.add_argument("--connect-timeout", default="5",
-                        help="seconds to wait for the database (default 5)")
+    parser.add_argument("--connect-timeout", default="5", help="seconds to wait for the database (default 5)")
 
 
 # --- input parsing: every check before the database is touched -----------------------
@@ -126,8 +134,13 @@ def run_acquire(args: argparse.Namespace) -> int:
     except GuardError as exc:
         say("acquire", str(exc))
         write_termination_message(
-            {"outcome": "error", "exitCode": exc.exit_code, "lock": args.lock,
-             "holder": args.holder, "reason": str(exc)}
+            {
+                "outcome": "error",
+                "exitCode": exc.exit_code,
+                "lock": args.lock,
+                "holder": args.holder,
+                "reason": str(exc),
+            }
         )
         return exc.exit_code
 
@@ -177,13 +190,16 @@ def _acquire(args: argparse.Namespace) -> int:
 
 def _skip_message(request: Any, result: Any) -> str:
     if result.reason == "slot-claimed":
-        return (f"slot {request.slot} of {request.lock} already ran under {result.holder} "
-                f"(fence {result.fence}); skipping")
+        return (
+            f"slot {request.slot} of {request.lock} already ran under {result.holder} "
+            f"(fence {result.fence}); skipping"
+        )
     if result.reason == "row-busy":
-        return (f"lease {request.lock} is locked by an in-flight fenced write of its previous "
-                "holder; skipping")
-    return (f"lease {request.lock} is held by {result.holder} (fence {result.fence}) "
-            f"until {iso(result.locked_until)}; skipping")
+        return f"lease {request.lock} is locked by an in-flight fenced write of its previous holder; skipping"
+    return (
+        f"lease {request.lock} is held by {result.holder} (fence {result.fence}) "
+        f"until {iso(result.locked_until)}; skipping"
+    )
 
 
 def run_renew(args: argparse.Namespace) -> int:
@@ -207,8 +223,15 @@ def run_renew(args: argparse.Namespace) -> int:
     except GuardError as exc:
         say("renew", str(exc))
         return exc.exit_code
-    emit({"renewed": state.ok, "lock": args.lock, "holder": state.holder, "fence": state.fence,
-          "locked_until": iso(state.locked_until)})
+    emit(
+        {
+            "renewed": state.ok,
+            "lock": args.lock,
+            "holder": state.holder,
+            "fence": state.fence,
+            "locked_until": iso(state.locked_until),
+        }
+    )
     if not state.ok:
         say("renew", f"not the holder: {args.lock} is held by {state.holder} (fence {state.fence})")
         return EXIT_NOT_ACQUIRED
@@ -233,11 +256,20 @@ def run_release(args: argparse.Namespace) -> int:
     except GuardError as exc:
         say("release", str(exc))
         return exc.exit_code
-    emit({"released": state.ok, "lock": args.lock, "holder": state.holder, "fence": state.fence,
-          "locked_until": iso(state.locked_until)})
+    emit(
+        {
+            "released": state.ok,
+            "lock": args.lock,
+            "holder": state.holder,
+            "fence": state.fence,
+            "locked_until": iso(state.locked_until),
+        }
+    )
     if not state.ok:
-        say("release", f"not the holder: {args.lock} is held by {state.holder} (fence {state.fence}); "
-                       "nothing changed")
+        say(
+            "release",
+            f"not the holder: {args.lock} is held by {state.holder} (fence {state.fence}); nothing changed",
+        )
         return EXIT_NOT_ACQUIRED
     return EXIT_OK
 
@@ -286,4 +318,3 @@ def _fence_argument(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise BadInput(f"cannot read --fence-file {args.fence_file}: {exc.strerror}") from None
     return int(parse_number(f"the fence in {args.fence_file}", text, integer=True))
-

@@ -23,18 +23,26 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
     parser.add_argument("--lock", required=True, help="the lease name")
     parser.add_argument("--limit", default="50", help="how many recent runs to list (default 50)")
-    parser.add_argument("--gaps", action="store_true",
-                        help="list expected fire times with no run (needs --schedule)")
+    parser.add_argument(
+        "--gaps", action="store_true", help="list expected fire times with no run (needs --schedule)"
+    )
     parser.add_argument("--schedule", help="the cron schedule, as in the GuardedCronJob")
     parser.add_argument("--time-zone", default="UTC", help="IANA time zone of the schedule")
     parser.add_argument("--since", help="start of the gap window, ISO 8601 (default: 7 days back)")
     parser.add_argument("--until", help="end of the gap window, ISO 8601 (default: now)")
-    parser.add_argument("--tolerance-seconds", default="60",
-                        help="how late a run may start and still count (default 60)")
-    parser.add_argument("--overlaps", action="store_true",
-                        help="list runs that started while an earlier fenced run was unfinished")
-    parser.add_argument("--mark-abandoned", action="store_true",
-                        help="first mark runs whose lease ran out while 'running' as abandoned")
+    parser.add_argument(
+        "--tolerance-seconds", default="60", help="how late a run may start and still count (default 60)"
+    )
+    parser.add_argument(
+        "--overlaps",
+        action="store_true",
+        help="list runs that started while an earlier fenced run was unfinished",
+    )
+    parser.add_argument(
+        "--mark-abandoned",
+        action="store_true",
+        help="first mark runs whose lease ran out while 'running' as abandoned",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     add_connection_options(parser)
     parser.set_defaults(run=run_runs)
@@ -96,16 +104,18 @@ def _run(args: argparse.Namespace) -> int:
             if schedule is not None and zone is not None:
                 row = conn.execute("SELECT clock_timestamp()").fetchone()
                 assert row is not None
-                db_now: datetime = row[0]  # type: ignore[assignment]
+                db_now: datetime = row[0]
                 end = until or db_now - tolerance
                 start = since or end - DEFAULT_GAP_WINDOW
-                expected = list(schedule.iter_between(start, end, zone))
+                # iter_between excludes its start; the window includes it.
+                expected = list(schedule.iter_between(start - timedelta(microseconds=1), end, zone))
                 gaps = history.find_gaps(conn, args.lock, expected, tolerance)
-                report["gaps"] = [
-                    {"expected_at": g.expected_at.isoformat(), "slot": g.slot} for g in gaps
-                ]
-                report["gap_window"] = {"since": start.isoformat(), "until": end.isoformat(),
-                                        "expected": len(expected)}
+                report["gaps"] = [{"expected_at": g.expected_at.isoformat(), "slot": g.slot} for g in gaps]
+                report["gap_window"] = {
+                    "since": start.isoformat(),
+                    "until": end.isoformat(),
+                    "expected": len(expected),
+                }
         except Exception as exc:
             raise_for_schema(exc, dsn)
             raise
@@ -124,18 +134,24 @@ def print_report(report: dict[str, Any]) -> None:
         fence = "" if run["fence"] is None else run["fence"]
         slot = "manual" if run["slot"] is None else run["slot"]
         detail = run["holder"] + (f"  ({run['reason']})" if run["reason"] else "")
-        print(f"{run['id']:>8}  {run['started_at'][:25]:25}  {run['outcome']:9}  {fence!s:>6}  "
-              f"{slot!s:>9}  {detail}")
+        print(
+            f"{run['id']:>8}  {run['started_at'][:25]:25}  {run['outcome']:9}  {fence!s:>6}  "
+            f"{slot!s:>9}  {detail}"
+        )
     if "marked_abandoned" in report:
         print(f"\nmarked abandoned: {report['marked_abandoned']}")
     if "overlaps" in report:
         print(f"\noverlaps: {len(report['overlaps'])}")
         for o in report["overlaps"]:
-            print(f"  run {o['later']['id']} (fence {o['later']['fence']}) started while run "
-                  f"{o['earlier']['id']} (fence {o['earlier']['fence']}) was unfinished")
+            print(
+                f"  run {o['later']['id']} (fence {o['later']['fence']}) started while run "
+                f"{o['earlier']['id']} (fence {o['earlier']['fence']}) was unfinished"
+            )
     if "gaps" in report:
         window = report["gap_window"]
-        print(f"\ngaps: {len(report['gaps'])} of {window['expected']} expected runs "
-              f"between {window['since']} and {window['until']}")
+        print(
+            f"\ngaps: {len(report['gaps'])} of {window['expected']} expected runs "
+            f"between {window['since']} and {window['until']}"
+        )
         for g in report["gaps"]:
             print(f"  no run for {g['expected_at']} (slot {g['slot']})")

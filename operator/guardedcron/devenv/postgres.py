@@ -116,8 +116,10 @@ class ThrowawayPostgres:
             os.chown(pwfile, user.pw_uid, user.pw_gid)
         self._pg(
             "initdb",
-            "-D", str(self.data),
-            "-U", self.superuser,
+            "-D",
+            str(self.data),
+            "-U",
+            self.superuser,
             f"--pwfile={pwfile}",
             "--auth-local=trust",
             "--auth-host=scram-sha-256",
@@ -144,8 +146,9 @@ class ThrowawayPostgres:
                 conf.write(f"{key} = {value}\n")
 
     def start(self) -> None:
-        result = self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
-                          "start", check=False)
+        result = self._pg(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start", check=False
+        )
         if result.returncode != 0:
             raise RuntimeError(f"PostgreSQL did not start: {result.stderr}\n{self.log_tail()}")
 
@@ -153,8 +156,20 @@ class ThrowawayPostgres:
         self._pg("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
 
     def restart(self, mode: str = "fast") -> None:
-        result = self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-m", mode,
-                          "-w", "-t", "60", "restart", check=False)
+        result = self._pg(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-m",
+            mode,
+            "-w",
+            "-t",
+            "60",
+            "restart",
+            check=False,
+        )
         if result.returncode != 0:
             raise RuntimeError(f"PostgreSQL did not restart: {result.stderr}\n{self.log_tail()}")
 

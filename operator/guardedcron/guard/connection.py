@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from guardedcron.contract import ENV_DSN
 from guardedcron.guard.errors import BadInput, DatabaseUnavailable, SchemaOutdated
@@ -60,7 +60,7 @@ def first_line(message: str) -> str:
     return lines[-1] if lines else message.strip()
 
 
-def connect(dsn: str, connect_timeout: float) -> psycopg.Connection[tuple[object, ...]]:
+def connect(dsn: str, connect_timeout: float) -> psycopg.Connection[tuple[Any, ...]]:
     """An autocommit connection: each guard call is its own short transaction."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from guardedcron.contract import FENCE_FILE, LEASE_FILE, RUN_DIR
 from guardedcron.guard.errors import StaleFenceError
@@ -52,7 +52,7 @@ def read_lease(run_dir: str | Path = RUN_DIR) -> HeldLease:
     )
 
 
-def check_fence(conn: psycopg.Connection[tuple[object, ...]], lock: str, fence: int) -> None:
+def check_fence(conn: psycopg.Connection[tuple[Any, ...]], lock: str, fence: int) -> None:
     """Raise StaleFenceError unless `fence` is the lock's current fence.
 
     Must run inside the caller's transaction (not autocommit) to protect its writes.

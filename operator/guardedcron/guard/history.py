@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import psycopg
 
-    Connection = psycopg.Connection[tuple[object, ...]]
+    Connection = psycopg.Connection[tuple[Any, ...]]
 
 WORKING_OUTCOMES = ("running", "succeeded", "failed", "finished", "abandoned", "lost")
 
@@ -69,7 +69,7 @@ def list_runs(conn: Connection, lock: str, limit: int = 50) -> list[Run]:
 
 def mark_abandoned(conn: Connection, lock: str) -> int:
     row = conn.execute("SELECT guardedcron.mark_abandoned_v1(%s)", (lock,)).fetchone()
-    return int(row[0]) if row else 0  # type: ignore[call-overload]
+    return int(row[0]) if row else 0
 
 
 def find_overlaps(conn: Connection, lock: str) -> list[Overlap]:

@@ -50,14 +50,14 @@ class Keeper:
     def __init__(
         self,
         request: KeepRequest,
-        connect: Callable[[str, float], psycopg.Connection[tuple[object, ...]]],
+        connect: Callable[[str, float], psycopg.Connection[tuple[Any, ...]]],
         log: Callable[[str], None],
     ) -> None:
         self.request = request
         self._connect = connect
         self._log = log
         self._stop = threading.Event()
-        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self.renewals = 0
 
     @property
@@ -74,7 +74,7 @@ class Keeper:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
 
-    def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
+    def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._conn is None or self._conn.closed:
             self._conn = self._connect(self.request.dsn, self.request.connect_timeout)
         return self._conn
@@ -106,9 +106,7 @@ class Keeper:
                 next_renewal = time.monotonic() + RETRY_SECONDS
                 continue
             if not state.ok:
-                return self._lost(
-                    f"lease taken over by {state.holder} with fence {state.fence}"
-                )
+                return self._lost(f"lease taken over by {state.holder} with fence {state.fence}")
             self.renewals += 1
             remaining = (state.locked_until - state.db_now).total_seconds()  # type: ignore[operator]
             deadline = time.monotonic() + remaining - SAFETY_MARGIN_SECONDS
@@ -118,8 +116,13 @@ class Keeper:
     def _release(self) -> int:
         req = self.request
         try:
-            state = lease_ops.release(self._connection(), req.lock, req.holder, "finished",
-                                      "released by the keeper after the workload stopped")
+            state = lease_ops.release(
+                self._connection(),
+                req.lock,
+                req.holder,
+                "finished",
+                "released by the keeper after the workload stopped",
+            )
         except Exception as exc:
             self._log(f"release failed; the lease runs out by itself: {exc}")
             return EXIT_OK
@@ -128,8 +131,13 @@ class Keeper:
         else:
             self._log(f"released lock {req.lock} (fence {req.fence}); held until {state.locked_until}")
         write_termination_message(
-            {"outcome": "released" if state.ok else "not-holder", "lock": req.lock,
-             "holder": req.holder, "fence": req.fence, "renewals": self.renewals}
+            {
+                "outcome": "released" if state.ok else "not-holder",
+                "lock": req.lock,
+                "holder": req.holder,
+                "fence": req.fence,
+                "renewals": self.renewals,
+            }
         )
         return EXIT_OK
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from guardedcron.guard.errors import BadInput
 
 if TYPE_CHECKING:
     import psycopg
 
-    Connection = psycopg.Connection[tuple[object, ...]]
+    Connection = psycopg.Connection[tuple[Any, ...]]
 
 OUTCOMES_ON_RELEASE = ("succeeded", "failed", "finished")
 DEFAULT_RETAIN_DAYS = 90
@@ -115,10 +115,10 @@ def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
         acquired=bool(acquired),
         reason=str(reason),
         holder=str(holder),
-        fence=int(fence),  # type: ignore[call-overload]
-        locked_until=locked_until,  # type: ignore[arg-type]
-        run_id=run_id,  # type: ignore[arg-type]
-        db_now=db_now,  # type: ignore[arg-type]
+        fence=int(fence),
+        locked_until=locked_until,
+        run_id=run_id,
+        db_now=db_now,
     )
 
 
@@ -142,8 +142,7 @@ def release(
     if outcome not in OUTCOMES_ON_RELEASE:
         raise BadInput(f"outcome must be one of {', '.join(OUTCOMES_ON_RELEASE)}, got {outcome!r}")
     row = conn.execute(
-        "SELECT released, holder, fence, locked_until, db_now"
-        " FROM guardedcron.release_v1(%s, %s, %s, %s)",
+        "SELECT released, holder, fence, locked_until, db_now FROM guardedcron.release_v1(%s, %s, %s, %s)",
         (lock, holder, outcome, reason),
     ).fetchone()
     assert row is not None
@@ -157,12 +156,12 @@ def mark_lost(conn: Connection, lock: str, holder: str, fence: int, reason: str)
     return row is not None and row[0] is not None
 
 
-def _state(row: tuple[object, ...]) -> LeaseState:
+def _state(row: tuple[Any, ...]) -> LeaseState:
     ok, holder, fence, locked_until, db_now = row
     return LeaseState(
         ok=bool(ok),
         holder=None if holder is None else str(holder),
-        fence=None if fence is None else int(fence),  # type: ignore[call-overload]
-        locked_until=locked_until,  # type: ignore[arg-type]
-        db_now=db_now,  # type: ignore[arg-type]
+        fence=None if fence is None else int(fence),
+        locked_until=locked_until,
+        db_now=db_now,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import psycopg
@@ -40,7 +40,7 @@ def load_migrations() -> list[Migration]:
 LATEST_VERSION = 1  # the schema this tool's SQL functions (the _v1 names) need
 
 
-def migrate(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
+def migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Migration]:
     """Apply every migration not yet applied; return the ones this call applied."""
     applied_now: list[Migration] = []
     with conn.transaction():
@@ -65,13 +65,9 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
     return applied_now
 
 
-def current_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
-    row = conn.execute(
-        "SELECT to_regclass('guardedcron.schema_migrations') IS NOT NULL"
-    ).fetchone()
+def current_version(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
+    row = conn.execute("SELECT to_regclass('guardedcron.schema_migrations') IS NOT NULL").fetchone()
     if not row or not row[0]:
         return 0
-    version = conn.execute(
-        f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.schema_migrations"
-    ).fetchone()
-    return int(version[0]) if version else 0  # type: ignore[call-overload]
+    version = conn.execute(f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.schema_migrations").fetchone()
+    return int(version[0]) if version else 0

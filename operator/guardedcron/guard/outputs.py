@@ -9,6 +9,7 @@ Files are written to a temporary name and renamed, so a reader never sees half a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -55,7 +56,6 @@ def write_termination_message(summary: dict[str, Any]) -> None:
     if len(text.encode()) > TERMINATION_MESSAGE_MAX:
         summary = {k: v for k, v in summary.items() if k != "reason"}
         text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
-    try:
+    # A missing or read-only termination log must not fail the run.
+    with contextlib.suppress(OSError):
         path.write_text(text)
-    except OSError:
-        pass  # a missing or read-only termination log must not fail the run

@@ -1,0 +1,267 @@
+"""Fencing a stalled holder's late writes, and the keeper's renew / loss / release cycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from guardedcron.guard import lease as lease_ops
+from guardedcron.guard.errors import StaleFenceError
+from guardedcron.guard.fence import check_fence, read_fence, read_lease
+from guardedcron.guard.lease import AcquireRequest
+from tests.support import GUARDEDCRON, run_cli
+
+
+def make_ledger(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ledger (item text PRIMARY KEY, fence bigint NOT NULL)")
+
+
+def fenced_write(dsn: str, lock: str, fence: int, item: str) -> None:
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        check_fence(conn, lock, fence)
+        conn.execute("INSERT INTO ledger VALUES (%s, %s)", (item, fence))
+
+
+def test_stalled_holder_is_fenced_out_and_the_new_holder_writes(dsn: str) -> None:
+    make_ledger(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        a = lease_ops.acquire(conn, AcquireRequest("job", "a", 0.3))
+        time.sleep(0.4)  # A stalls past its lease
+        b = lease_ops.acquire(conn, AcquireRequest("job", "b", 60))
+    assert a.acquired and b.acquired and b.fence == a.fence + 1
+    with pytest.raises(StaleFenceError, match=r"stale fencing token 1 .* fence 2 is now held by b"):
+        fenced_write(dsn, "job", a.fence, "invoice-1")
+    fenced_write(dsn, "job", b.fence, "invoice-1")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT item, fence FROM ledger").fetchall() == [("invoice-1", 2)]
+
+
+def test_fence_check_for_an_unknown_lock_is_refused(dsn: str) -> None:
+    make_ledger(dsn)
+    with pytest.raises(StaleFenceError, match="no lease named"):
+        fenced_write(dsn, "never-taken", 1, "x")
+
+
+def test_a_takeover_waits_for_an_open_fenced_transaction(dsn: str) -> None:
+    """Between the check and the commit, nobody can take over: the write is never stale."""
+    make_ledger(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        a = lease_ops.acquire(conn, AcquireRequest("job", "a", 0.5))
+    writer = psycopg.connect(dsn)
+    with writer.transaction():
+        check_fence(writer, "job", a.fence)
+        time.sleep(0.7)  # the lease runs out while the fenced transaction is open
+        taken: list[lease_ops.AcquireResult] = []
+        thief = threading.Thread(
+            target=lambda: taken.append(
+                lease_ops.acquire(psycopg.connect(dsn, autocommit=True), AcquireRequest("job", "b", 60))
+            )
+        )
+        thief.start()
+        thief.join(0.5)
+        assert thief.is_alive(), "the takeover must wait for the fenced transaction"
+        # Renewal by the holder is not blocked by its own fence check.
+        with psycopg.connect(dsn, autocommit=True) as other:
+            assert lease_ops.renew(other, "job", "a", a.fence, 0.2).ok
+        writer.execute("INSERT INTO ledger VALUES ('late', %s)", (a.fence,))
+    thief.join(5)
+    writer.close()
+    assert taken and not taken[0].acquired  # A renewed first, so B is refused
+
+
+def test_workload_helpers_read_what_acquire_wrote(dsn: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_cli(
+        [
+            "acquire",
+            "--lock",
+            "job",
+            "--holder",
+            "a",
+            "--lease-seconds",
+            "60",
+            "--slot",
+            "42",
+            "--out",
+            str(out),
+        ],
+        dsn=dsn,
+    )
+    assert result.code == 0
+    lease = read_lease(out)
+    assert (lease.lock, lease.holder, lease.fence, lease.slot) == ("job", "a", 1, 42)
+    assert read_fence(out) == 1
+
+
+def lease_until(dsn: str, lock: str) -> tuple[Any, ...]:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT holder, fence, locked_until, locked_until > clock_timestamp()"
+            " FROM guardedcron.leases WHERE lock_name = %s",
+            (lock,),
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+def start_keeper(dsn: str, out: Path, lease_seconds: str = "1.5") -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            GUARDEDCRON,
+            "keep",
+            "--lock",
+            "job",
+            "--holder",
+            "a",
+            "--fence-file",
+            str(out / "fence"),
+            "--lease-seconds",
+            lease_seconds,
+            "--out",
+            str(out),
+            "--dsn",
+            dsn,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_keeper_renews_while_alive_and_releases_on_sigterm(dsn: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert (
+        run_cli(
+            ["acquire", "--lock", "job", "--holder", "a", "--lease-seconds", "1.5", "--out", str(out)],
+            dsn=dsn,
+        ).code
+        == 0
+    )
+    first_until = lease_until(dsn, "job")[2]
+    keeper = start_keeper(dsn, out)
+    try:
+        time.sleep(3.5)  # more than two lease lengths: only renewals keep it alive
+        holder, fence, until, live = lease_until(dsn, "job")
+        assert (holder, fence, live) == ("a", 1, True)
+        assert until > first_until  # type: ignore[operator]
+        assert (
+            run_cli(["acquire", "--lock", "job", "--holder", "b", "--lease-seconds", "5"], dsn=dsn).code == 75
+        )
+    finally:
+        keeper.send_signal(signal.SIGTERM)
+        _, stderr = keeper.communicate(timeout=10)
+    assert keeper.returncode == 0, stderr
+    assert "released lock job" in stderr
+    assert lease_until(dsn, "job")[3] is False
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT outcome FROM guardedcron.runs WHERE holder = 'a'").fetchall() == [
+            ("finished",)
+        ]
+    assert run_cli(["acquire", "--lock", "job", "--holder", "b", "--lease-seconds", "5"], dsn=dsn).code == 0
+
+
+def test_keeper_notices_a_takeover_within_one_renew_interval(dsn: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert (
+        run_cli(
+            ["acquire", "--lock", "job", "--holder", "a", "--lease-seconds", "1.5", "--out", str(out)],
+            dsn=dsn,
+        ).code
+        == 0
+    )
+    keeper = start_keeper(dsn, out)
+    try:
+        time.sleep(0.8)
+        keeper.send_signal(signal.SIGSTOP)  # the holder stalls past its lease
+        time.sleep(1.8)
+        taken = run_cli(["acquire", "--lock", "job", "--holder", "b", "--lease-seconds", "60"], dsn=dsn)
+        assert taken.code == 0 and taken.json["fence"] == 2
+        resumed = time.monotonic()
+        keeper.send_signal(signal.SIGCONT)
+        _, stderr = keeper.communicate(timeout=10)
+        noticed = time.monotonic() - resumed
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+    assert keeper.returncode == 76, stderr
+    assert noticed < 1.5 / 3 + 1.0, noticed
+    assert "lease taken over by b with fence 2" in stderr
+    lost = json.loads((out / "lost").read_text())
+    assert lost["fence"] == 1 and "taken over" in lost["reason"]
+    with psycopg.connect(dsn) as conn:
+        outcomes = conn.execute("SELECT holder, outcome FROM guardedcron.runs ORDER BY id").fetchall()
+    assert outcomes == [("a", "lost"), ("b", "running")]
+
+
+def test_a_restarted_keeper_after_a_loss_waits_instead_of_fighting(dsn: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "fence").write_text("1\n")
+    (out / "lost").write_text("{}\n")
+    keeper = start_keeper(dsn, out)
+    time.sleep(1.0)
+    assert keeper.poll() is None
+    keeper.send_signal(signal.SIGTERM)
+    _, stderr = keeper.communicate(timeout=10)
+    assert keeper.returncode == 0 and "lost earlier" in stderr
+
+
+def test_keeper_gives_up_when_the_database_is_gone_past_the_lease(tmp_path: Path) -> None:
+    from guardedcron.devenv.postgres import ThrowawayPostgres
+    from guardedcron.guard.migrations import migrate
+
+    with ThrowawayPostgres() as server:
+        dsn = server.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn)
+        out = tmp_path / "run"
+        assert (
+            run_cli(
+                ["acquire", "--lock", "job", "--holder", "a", "--lease-seconds", "3", "--out", str(out)],
+                dsn=dsn,
+            ).code
+            == 0
+        )
+        keeper = subprocess.Popen(
+            [
+                GUARDEDCRON,
+                "keep",
+                "--lock",
+                "job",
+                "--holder",
+                "a",
+                "--fence",
+                "1",
+                "--lease-seconds",
+                "3",
+                "--out",
+                str(out),
+                "--dsn",
+                dsn,
+                "--connect-timeout",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "GUARDEDCRON_DSN"},
+        )
+        time.sleep(1.2)
+        server.stop("immediate")
+        stopped = time.monotonic()
+        _, stderr = keeper.communicate(timeout=20)
+        elapsed = time.monotonic() - stopped
+    assert keeper.returncode == 76, stderr
+    assert "could not renew before the lease ran out" in stderr
+    assert elapsed < 3 + 2
+    assert (out / "lost").exists()
