@@ -73,7 +73,8 @@ EXPECTED_POD_FAILURE_POLICY = {"rules": [
     {"action": "FailJob",
      "onExitCodes": {"containerName": "guardedcron-guard", "operator": "In", "values": [75]}},
     {"action": "FailJob",
-     "onExitCodes": {"containerName": "guardedcron-guard", "operator": "In", "values": [69, 78]}},
+     "onExitCodes": {"containerName": "guardedcron-guard", "operator": "In",
+                     "values": [64, 69, 78]}},
 ]}
 
 WORKLOAD_MOUNT = {"name": "guardedcron-run", "mountPath": "/var/run/guardedcron", "readOnly": True}

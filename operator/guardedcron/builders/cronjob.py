@@ -18,7 +18,7 @@ from guardedcron.spec.reserved import owner_labels
 
 # Guard exit codes that fail the Job at once; podFailurePolicy needs them sorted and unique.
 GUARD_SKIP_EXIT_CODES = (contract.EXIT_NOT_ACQUIRED,)
-GUARD_ERROR_EXIT_CODES = (contract.EXIT_UNAVAILABLE, contract.EXIT_SCHEMA)
+GUARD_ERROR_EXIT_CODES = (contract.EXIT_USAGE, contract.EXIT_UNAVAILABLE, contract.EXIT_SCHEMA)
 # Index of each rule in podFailurePolicy.rules: the Job's failure message names it
 # ("... matching FailJob rule at index N"), which tells a skip from a guard error.
 SKIP_RULE_INDEX = 0
@@ -86,8 +86,9 @@ def build_job_template(parsed: ParsedSpec, settings: OperatorSettings) -> dict[s
 
 def build_pod_failure_policy() -> dict[str, Any]:
     """Fail the Job at once, with reason PodFailurePolicy, when the guard says skip (75) or
-    cannot reach a usable database (69, 78). backoffLimit 0 fails the Job on any pod
-    failure anyway; these rules make the Job's condition say which case it was."""
+    could not decide (64 bad input, 69 database unreachable, 78 schema missing).
+    backoffLimit 0 fails the Job on any pod failure anyway; these rules make the Job's
+    condition say which case it was."""
     return {"rules": [
         _fail_job_on_guard_exit(GUARD_SKIP_EXIT_CODES),
         _fail_job_on_guard_exit(GUARD_ERROR_EXIT_CODES),
