@@ -16,7 +16,7 @@ POD = "spec.jobTemplate.spec.template.spec"
 USER_POD = "spec.jobTemplate.spec.template.spec"  # the same path in the GuardedCronJob
 JOB = "spec.jobTemplate.spec"
 
-EXPECTED_GUARD = {
+EXPECTED_GUARD: dict[str, Any] = {
     "name": "guardedcron-guard",
     "image": "ghcr.io/guardedcron/guardedcron:0.1.0",
     "imagePullPolicy": "IfNotPresent",
