@@ -498,7 +498,8 @@ class ProcessKubelet:
             self._stop.wait(POLL_SECONDS)
 
     def _poll(self) -> None:
-        for namespace in self.namespaces or [None]:
+        scopes: list[str | None] = list(self.namespaces) if self.namespaces else [None]
+        for namespace in scopes:
             pods = self.api.get(self._pods_path(namespace))["items"]
             for pod in pods:
                 key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}/{pod['metadata']['uid']}"
