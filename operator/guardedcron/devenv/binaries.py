@@ -102,16 +102,44 @@ def build_version_dir_name(kubernetes_version: str, etcd_version: str) -> str:
 
 
 def build_stamp(sources_digest: str, kubernetes_version: str, etcd_version: str) -> dict[str, str]:
+    """What a build is keyed on: a change to any value makes the cached binaries stale."""
+    commands = [
+        " ".join(build_go_command(target, Path("bin"), kubernetes_version)) for target in TARGETS
+    ]
     return {
         "kubernetes": kubernetes_version,
         "etcd": etcd_version,
         "sources": sources_digest,
+        "commands": "; ".join(commands),
     }
 
 
-def build_go_command(target: BuildTarget, out_dir: Path) -> list[str]:
+def build_version_ldflags(kubernetes_version: str) -> list[str]:
+    """Linker flags that stamp the release into Kubernetes binaries, as its own build does.
+
+    Without them `/version` and `kubectl version` report v0.0.0-master, which clients
+    that check the server's version would misread.
+    """
+    major, minor = kubernetes_version.removeprefix("v").split(".")[:2]
+    values = {
+        "gitVersion": kubernetes_version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+    }
     return [
-        "go", "build", "-trimpath", "-ldflags=-s -w",
+        f"-X {package}.{name}={value}"
+        for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+        for name, value in values.items()
+    ]
+
+
+def build_go_command(target: BuildTarget, out_dir: Path, kubernetes_version: str) -> list[str]:
+    ldflags = ["-s", "-w"]
+    if target.module_dir == "kube":
+        ldflags += build_version_ldflags(kubernetes_version)
+    return [
+        "go", "build", "-trimpath", f"-ldflags={' '.join(ldflags)}",
         "-o", str(out_dir / target.name), target.package,
     ]  # fmt: skip
 
@@ -210,7 +238,7 @@ def _build_all(paths: Paths, cache_root: Path, progress: Progress) -> None:
             "(minutes on a cold cache)..."
         )
         started = time.monotonic()
-        _run_go_build(target, scratch, env, log_path)
+        _run_go_build(target, scratch, paths.kubernetes_version, env, log_path)
         os.replace(scratch / target.name, paths.bin_dir / target.name)
         progress(f"guardedcron: built {target.name} in {time.monotonic() - started:.0f} s")
     shutil.rmtree(scratch, ignore_errors=True)
@@ -220,8 +248,10 @@ def _build_all(paths: Paths, cache_root: Path, progress: Progress) -> None:
     )
 
 
-def _run_go_build(target: BuildTarget, out_dir: Path, env: dict[str, str], log_path: Path) -> None:
-    command = build_go_command(target, out_dir)
+def _run_go_build(
+    target: BuildTarget, out_dir: Path, kubernetes_version: str, env: dict[str, str], log_path: Path
+) -> None:
+    command = build_go_command(target, out_dir, kubernetes_version)
     result = subprocess.run(
         command,
         cwd=GO_SOURCES / target.module_dir,
