@@ -22,6 +22,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -388,6 +389,9 @@ class ControlPlane:
         )
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        # The parent-death signal fires when the spawning *thread* ends, so it is only
+        # safe from the main thread; from a worker thread, stop() is the only clean-up.
+        on_main_thread = threading.current_thread() is threading.main_thread()
         with (self.logs_dir / f"{name}.log").open("ab") as log:
             self._processes[name] = subprocess.Popen(
                 args,
@@ -395,7 +399,7 @@ class ControlPlane:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, killed as a whole
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent if on_main_thread else None,
             )
 
     def _wait_until(self, what: str, ready: Callable[[], bool]) -> None:
