@@ -39,7 +39,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "peering": {"enabled": True, "name": "gc-peers"},
         "outcomeRecording": {"enabled": True},
         "clusterName": "eu-west-1",
-        "guardImage": "registry.example/guard:1.2.3",
+        "guard": {"image": "registry.example/guard:1.2.3", "resources": {"limits": {"cpu": ""}}},
         "image": {"digest": "sha256:" + "ab" * 32},
         "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
         "crds": {"keep": False},

@@ -112,6 +112,9 @@ def test_operator_settings_reach_the_environment() -> None:
     assert container["image"] == "ghcr.io/guardedcron/guardedcron@sha256:" + "ab" * 32
     assert container["args"] == ["operator", "--liveness=http://0.0.0.0:8080/healthz"]
     assert env["GUARDEDCRON_GUARD_IMAGE"] == "registry.example/guard:1.2.3"
+    assert env["GUARDEDCRON_GUARD_CPU_LIMIT"] == ""  # left unset by the operator
+    assert env["GUARDEDCRON_GUARD_MEMORY_LIMIT"] == "128Mi"
+    assert env["GUARDEDCRON_GUARD_IMAGE_PULL_POLICY"] == "IfNotPresent"
     assert env["GUARDEDCRON_CLUSTER_NAME"] == "eu-west-1"
     assert env["GUARDEDCRON_OUTCOME_RECORDING"] == "true"
     assert env["GUARDEDCRON_PEERING"] == "gc-peers"

@@ -48,7 +48,7 @@ app.kubernetes.io/part-of: guardedcron
 {{- end -}}
 
 {{- define "guardedcron.guardImage" -}}
-{{- default (include "guardedcron.image" .) .Values.guardImage -}}
+{{- default (include "guardedcron.image" .) .Values.guard.image -}}
 {{- end -}}
 
 {{- define "guardedcron.clusterWide" -}}
