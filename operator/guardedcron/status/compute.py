@@ -1,0 +1,306 @@
+"""The whole desired status of one GuardedCronJob, from what the operator sees (pure).
+
+compute_status takes every input explicitly (the clock too) and returns the status the
+operator should write. Recomputing with nothing changed returns an equal dict, so
+`status_changed` lets an idle resync write nothing: no field here moves with the clock
+alone (nextScheduleTime moves once per fire time, when the schedule does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Final
+
+from guardedcron import contract
+from guardedcron.spec import ParsedSpec
+from guardedcron.status import conditions as cond
+from guardedcron.status.history import add_counts, finished_runs, known_records, newest_first
+from guardedcron.status.missed import find_missed_run
+from guardedcron.status.overlap import find_overlaps
+from guardedcron.status.runs import Outcome, RunRecord, classify_run
+from guardedcron.status.times import format_time, parse_time
+
+DEFAULT_RECENT_RUNS_LIMIT: Final = 10  # the CRD's default, used while the spec is invalid
+DEGRADED_AFTER_GUARD_ERRORS: Final = 3
+# Every key compute_status owns; others under .status (if any) are left alone.
+# (type, status, reason, message) of one condition
+_Condition = tuple[str, cond.ConditionStatus, str, str]
+STATUS_KEYS: Final = (
+    "observedGeneration", "conditions", "cronJobRef", "nextScheduleTime", "lastScheduleTime",
+    "lastSuccessfulTime", "lastRun", "recentRuns", "runCounts",
+)
+
+
+def compute_status(
+    *,
+    gcj: Mapping[str, Any],
+    parsed: ParsedSpec | None,
+    spec_problems: Iterable[tuple[str, str]] = (),
+    cronjob: Mapping[str, Any] | None,
+    jobs: Sequence[Mapping[str, Any]],
+    pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]],
+    previous_status: Mapping[str, Any] | None,
+    now: datetime,
+    apply_error: str | None = None,
+) -> dict[str, Any]:
+    """The status to write.
+
+    - `parsed`: the checked spec, or None when `spec_problems` lists why it is invalid.
+    - `cronjob`: the live CronJob, or None when it does not exist.
+    - `jobs`: every Job of this GuardedCronJob that exists now (a complete list: a run
+      remembered as running whose Job is missing is closed as Failed, outcome unknown).
+    - `pods_by_job`: the pods of each Job, by Job name.
+    - `apply_error`: the API server's message when it refused the CronJob, else None.
+    """
+    previous = previous_status or {}
+    generation = _generation(gcj, parsed)
+    problems = [f"{path}: {message}" for path, message in spec_problems]
+    limit = parsed.spec.recent_runs_limit if parsed is not None else _previous_limit(previous)
+
+    runs = newest_first(merge_runs(previous, jobs, pods_by_job, now))
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "recentRuns": [run.to_status() for run in runs[:limit]],
+    }
+    if runs:
+        status["lastRun"] = runs[0].to_status()
+    status["runCounts"] = add_counts(previous.get("runCounts"), finished_runs(previous, status))
+    if cronjob is not None:
+        status["cronJobRef"] = {"name": str(_get(cronjob, "metadata", "name") or "")}
+    if parsed is not None and not parsed.spec.suspend:
+        upcoming = parsed.spec.schedule.next_after(now, parsed.spec.zone)
+        if upcoming is not None:
+            status["nextScheduleTime"] = format_time(upcoming)
+    _put_latest(status, "lastScheduleTime", [
+        parse_time(previous.get("lastScheduleTime")),
+        parse_time(_get(cronjob, "status", "lastScheduleTime")),
+        *(run.scheduled_at for run in runs),
+    ])
+    _put_latest(status, "lastSuccessfulTime", [
+        parse_time(previous.get("lastSuccessfulTime")),
+        *(run.finished_at for run in runs if run.outcome is Outcome.SUCCEEDED),
+    ])
+
+    conditions: list[dict[str, Any]] = [dict(c) for c in _conditions(previous)]
+
+    def put(kind: str, state: cond.ConditionStatus, reason: str, message: str) -> None:
+        nonlocal conditions
+        conditions = cond.set_condition(conditions, type=kind, status=state, reason=reason,
+                                        message=message, observed_generation=generation, now=now)
+
+    put(*_invalid(problems))
+    put(*_stalled(apply_error, parsed))
+    put(*_ready(gcj, parsed, cronjob, apply_error))
+    put(*_missed(gcj, parsed, cronjob, runs, status, now))
+    put(*_overlap(runs))
+    put(*_degraded(runs))
+    status["conditions"] = conditions
+    return status
+
+
+def merge_runs(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]],
+               pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]], now: datetime) -> list[RunRecord]:
+    """Remembered runs and live Jobs, one record per Job name.
+
+    A final remembered record wins over the live Job (its fields never change again);
+    an open one is replaced by the Job's classification, or closed if the Job is gone.
+    """
+    remembered = known_records(previous)
+    merged: dict[str, RunRecord] = {}
+    for job in jobs:
+        name = _get(job, "metadata", "name")
+        if not isinstance(name, str) or not name:
+            continue
+        old = remembered.get(name)
+        merged[name] = old if old is not None and old.final else classify_run(job, pods_by_job.get(name, ()))
+    for name, old in remembered.items():
+        if name in merged:
+            continue
+        if old.final:
+            merged[name] = old
+        else:
+            last_seen = f"{old.outcome}: {old.reason}"
+            merged[name] = replace(
+                old, outcome=Outcome.FAILED, finished_at=now,
+                reason=f"Job deleted before it finished (last seen {last_seen}); outcome unknown",
+            )
+    return list(merged.values())
+
+
+def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether writing `new` would change what is stored in the keys compute_status owns."""
+    return _owned(old) != _owned(new)
+
+
+def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch for .status turning `old` into `new`: keys gone from `new` are
+    set to null, at any depth, so a merge cannot keep a stale field (e.g. lastRun.fence)."""
+    return _merge_patch(_owned(old), _owned(new))
+
+
+# --- conditions -------------------------------------------------------------------
+
+def _invalid(problems: list[str]) -> _Condition:
+    if problems:
+        return cond.INVALID, "True", "SpecInvalid", "; ".join(problems)
+    return cond.INVALID, "False", "SpecValid", "the spec is valid"
+
+
+def _stalled(apply_error: str | None, parsed: ParsedSpec | None) -> _Condition:
+    if apply_error:
+        return cond.STALLED, "True", "CronJobRejected", f"the API server refused the CronJob: {apply_error}"
+    if parsed is None:
+        return cond.STALLED, "False", "NotApplied", "nothing applied while the spec is invalid"
+    return cond.STALLED, "False", "Applied", "the API server accepted the CronJob"
+
+
+def _ready(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[str, Any] | None,
+           apply_error: str | None) -> _Condition:
+    if parsed is None:
+        return cond.READY, "False", "SpecInvalid", "the spec is invalid: see the Invalid condition"
+    if apply_error:
+        return cond.READY, "False", "CronJobRejected", "the CronJob could not be applied: see Stalled"
+    if cronjob is None:
+        return cond.READY, "False", "CronJobMissing", f"CronJob {parsed.name} does not exist yet"
+    mismatch = cronjob_mismatch(parsed, cronjob, uid=_get(gcj, "metadata", "uid"))
+    if mismatch is not None:
+        return cond.READY, "False", "CronJobOutOfDate", f"CronJob {parsed.name} differs: {mismatch}"
+    return cond.READY, "True", "CronJobReady", f"CronJob {parsed.name} is in place and guarded"
+
+
+def cronjob_mismatch(parsed: ParsedSpec, cronjob: Mapping[str, Any], *, uid: object = None) -> str | None:
+    """The first field where the live CronJob differs from what the spec makes, if any.
+
+    Only fields guardedcron sets and the server does not default are compared; the
+    server fills in many others, which a full comparison would always see as changed.
+    """
+    spec = parsed.spec
+    live = _get(cronjob, "spec") or {}
+    expected: list[tuple[str, object, object]] = [
+        ("spec.schedule", spec.schedule_text, live.get("schedule")),
+        ("spec.timeZone", spec.time_zone, live.get("timeZone")),
+        ("spec.suspend", spec.suspend, bool(live.get("suspend", False))),
+        ("spec.concurrencyPolicy", "Forbid", live.get("concurrencyPolicy")),
+        ("spec.startingDeadlineSeconds", spec.starting_deadline_seconds, live.get("startingDeadlineSeconds")),
+        (f"metadata.annotations[{contract.ANNOTATION_LOCK}]", spec.lease.name,
+         (_get(cronjob, "metadata", "annotations") or {}).get(contract.ANNOTATION_LOCK)),
+    ]
+    for path, want, have in expected:
+        if want != have:
+            return f"{path} is {have!r}, expected {want!r}"
+    init = _get(live, "jobTemplate", "spec", "template", "spec", "initContainers")
+    if not isinstance(init, list) or not init or not isinstance(init[0], Mapping) \
+            or init[0].get("name") != contract.GUARD_CONTAINER:
+        return f"the first init container is not {contract.GUARD_CONTAINER}"
+    if isinstance(uid, str) and uid:
+        owners = _get(cronjob, "metadata", "ownerReferences")
+        if not any(isinstance(o, Mapping) and o.get("uid") == uid and o.get("controller") is True
+                   for o in (owners if isinstance(owners, list) else [])):
+            return "it is not controlled by this GuardedCronJob (ownerReferences)"
+    return None
+
+
+def _missed(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[str, Any] | None,
+            runs: list[RunRecord], status: Mapping[str, Any],
+            now: datetime) -> _Condition:
+    if parsed is None:
+        return cond.MISSED_RUN, "Unknown", "SpecInvalid", "no schedule to check while the spec is invalid"
+    if parsed.spec.suspend:
+        return cond.MISSED_RUN, "False", "Suspended", "suspended: no runs are expected"
+    created = parse_time(_get(gcj, "metadata", "creationTimestamp")) \
+        or parse_time(_get(cronjob, "metadata", "creationTimestamp"))
+    if created is None:
+        return cond.MISSED_RUN, "Unknown", "CreationTimeUnknown", "no creationTimestamp to count slots from"
+    missed = find_missed_run(
+        parsed, jobs=runs,
+        last_schedule_time=parse_time(_get(cronjob, "status", "lastScheduleTime")),
+        created_at=created, now=now,
+    )
+    if missed is None:
+        return cond.MISSED_RUN, "False", "NoMissedRun", "the latest due slot has a run"
+    return (cond.MISSED_RUN, "True", "SlotMissed",
+            f"no run for the slot at {format_time(missed.scheduled_at)} (Job {missed.job_name} was "
+            f"never created); it was due by {format_time(missed.deadline)}")
+
+
+def _overlap(runs: list[RunRecord]) -> _Condition:
+    overlaps = find_overlaps(runs)
+    if not overlaps:
+        return cond.OVERLAP, "False", "NoOverlap", "no two runs held the lock at once"
+    return cond.OVERLAP, "True", "RunsOverlapped", "; ".join(o.describe() for o in overlaps)
+
+
+def _degraded(runs: list[RunRecord]) -> _Condition:
+    streak: list[RunRecord] = []
+    for run in runs:
+        if not run.final:
+            continue
+        if run.outcome is not Outcome.GUARD_ERROR:
+            break
+        streak.append(run)
+    if len(streak) >= DEGRADED_AFTER_GUARD_ERRORS:
+        return (cond.DEGRADED, "True", "RepeatedGuardErrors",
+                f"the last {len(streak)} runs could not reach a decision; latest: {streak[0].reason}")
+    return cond.DEGRADED, "False", "GuardHealthy", "the guard decided the latest runs"
+
+
+# --- helpers ----------------------------------------------------------------------
+
+def _generation(gcj: Mapping[str, Any], parsed: ParsedSpec | None) -> int:
+    generation = _get(gcj, "metadata", "generation")
+    if isinstance(generation, int) and not isinstance(generation, bool):
+        return generation
+    if parsed is not None and parsed.generation is not None:
+        return parsed.generation
+    return 0
+
+
+def _previous_limit(previous: Mapping[str, Any]) -> int:
+    runs = previous.get("recentRuns")
+    return max(len(runs), DEFAULT_RECENT_RUNS_LIMIT) if isinstance(runs, list) else DEFAULT_RECENT_RUNS_LIMIT
+
+
+def _conditions(previous: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    items = previous.get("conditions")
+    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
+
+
+def _put_latest(status: dict[str, Any], key: str, candidates: Iterable[datetime | None]) -> None:
+    known = [t for t in candidates if t is not None]
+    if known:
+        status[key] = format_time(max(known))
+
+
+def _owned(status: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: _without_nulls(status[k]) for k in STATUS_KEYS if status and status.get(k) is not None}
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            nested = _merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif value != before:
+            patch[key] = value
+    return patch
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj

@@ -1,0 +1,128 @@
+"""What happened between two statuses, as events (pure).
+
+Events come from the difference between the status before and after a pass, never
+from the current state alone, so a resync over an unchanged status emits nothing
+and each transition is reported once:
+
+- a run seen for the first time while running: RunStarted;
+- a run whose outcome changed (or that is first seen already decided): RunSucceeded,
+  RunFailed, RunSkipped, RunTimedOut, LeaseLost or GuardError; a run that lost its
+  lease gets LeaseLost when the loss is seen, not again when its Job ends;
+- the MissedRun or Overlap condition turning True, or naming another slot or pair
+  while True: MissedRun, Overlap.
+Runs are those the statuses remember (recentRuns and lastRun).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from guardedcron.status import conditions as cond
+from guardedcron.status.history import known_records, newest_first
+from guardedcron.status.runs import Outcome, RunRecord
+
+
+class EventReason(StrEnum):
+    RUN_STARTED = "RunStarted"
+    RUN_SUCCEEDED = "RunSucceeded"
+    RUN_FAILED = "RunFailed"
+    RUN_SKIPPED = "RunSkipped"
+    RUN_TIMED_OUT = "RunTimedOut"
+    LEASE_LOST = "LeaseLost"
+    GUARD_ERROR = "GuardError"
+    MISSED_RUN = "MissedRun"
+    OVERLAP = "Overlap"
+
+
+_BY_OUTCOME: dict[Outcome, EventReason] = {
+    Outcome.RUNNING: EventReason.RUN_STARTED,
+    Outcome.SUCCEEDED: EventReason.RUN_SUCCEEDED,
+    Outcome.FAILED: EventReason.RUN_FAILED,
+    Outcome.SKIPPED: EventReason.RUN_SKIPPED,
+    Outcome.TIMED_OUT: EventReason.RUN_TIMED_OUT,
+    Outcome.LOST: EventReason.LEASE_LOST,
+    Outcome.GUARD_ERROR: EventReason.GUARD_ERROR,
+}
+# Kubernetes event type "Warning" for these; the rest are "Normal". A skip is the guard
+# doing its job, so it is Normal.
+WARNINGS = frozenset({
+    EventReason.RUN_FAILED, EventReason.RUN_TIMED_OUT, EventReason.LEASE_LOST,
+    EventReason.GUARD_ERROR, EventReason.MISSED_RUN, EventReason.OVERLAP,
+})
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    reason: EventReason
+    message: str
+    # What the event is about, stable across passes: the Job name for run events, the
+    # condition message for MissedRun/Overlap. Same subject and reason = same event.
+    subject: str
+    run: RunRecord | None = None
+
+    @property
+    def warning(self) -> bool:
+        return self.reason in WARNINGS
+
+    def key(self) -> str:
+        """A short stable digest of (reason, subject), for deterministic Event names."""
+        return hashlib.sha256(f"{self.reason}\n{self.subject}".encode()).hexdigest()[:16]
+
+
+def run_events(old_status: Mapping[str, Any] | None, new_status: Mapping[str, Any] | None) -> list[RunEvent]:
+    """Events for every transition from `old_status` to `new_status`, oldest run first."""
+    before = known_records(old_status)
+    events: list[RunEvent] = []
+    for run in reversed(newest_first(known_records(new_status).values())):
+        previous = before.get(run.job)
+        if previous is None or previous.outcome is not run.outcome:
+            events.append(_run_event(run))
+    for kind, reason in ((cond.MISSED_RUN, EventReason.MISSED_RUN), (cond.OVERLAP, EventReason.OVERLAP)):
+        event = _condition_event(old_status, new_status, kind, reason)
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def _run_event(run: RunRecord) -> RunEvent:
+    return RunEvent(_BY_OUTCOME[run.outcome], describe_run(run), subject=run.job, run=run)
+
+
+def describe_run(run: RunRecord) -> str:
+    """One line for `kubectl describe gcj`: which run, what happened, with which lease."""
+    kind = "manual run" if run.manual else "run"
+    slot = f" for slot {run.slot}" if run.slot is not None and not run.manual else ""
+    text = {
+        Outcome.RUNNING: "started",
+        Outcome.SUCCEEDED: "succeeded",
+        Outcome.FAILED: "failed",
+        Outcome.SKIPPED: "skipped",
+        Outcome.TIMED_OUT: "timed out",
+        Outcome.LOST: "lost its lease",
+        Outcome.GUARD_ERROR: "could not be guarded",
+    }[run.outcome]
+    lease = ""
+    if run.outcome is not Outcome.SKIPPED and run.fence is not None:
+        lease = f" (holder {run.holder}, fence {run.fence})"
+    return f"{kind} {run.job}{slot} {text}{lease}: {run.reason}"
+
+
+def _condition_event(old_status: Mapping[str, Any] | None, new_status: Mapping[str, Any] | None,
+                     kind: str, reason: EventReason) -> RunEvent | None:
+    new = cond.get_condition(_conditions(new_status), kind)
+    if new is None or new.get("status") != "True":
+        return None
+    old = cond.get_condition(_conditions(old_status), kind)
+    message = str(new.get("message") or "")
+    if old is not None and old.get("status") == "True" and old.get("message") == message:
+        return None
+    return RunEvent(reason, message, subject=message)
+
+
+def _conditions(status: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    items = status.get("conditions") if status else None
+    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
