@@ -85,4 +85,3 @@ def control_plane_factory(
 @pytest.fixture(scope="session")
 def control_plane(control_plane_factory: StartControlPlane) -> ControlPlane:
     return control_plane_factory("primary")
-

@@ -1,15 +1,18 @@
 """Smoke tests of the local control plane: the real API server and controllers do their part.
 
 These are the behaviours the operator's e2e suite leans on and an emulator cannot give:
-CEL validation, the Job and CronJob controllers, garbage collection, two clusters at once.
+CEL validation, RBAC, the Job and CronJob controllers, garbage collection, two clusters
+at once.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,3 +198,36 @@ def test_two_control_planes_run_at_once_and_stay_apart(
     second.kubectl("create", "namespace", namespace)
     for cluster in (control_plane, second):
         assert cluster.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+
+
+def test_rbac_confines_a_service_account_token(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    namespace = fresh_namespace(control_plane)
+    control_plane.kubectl("create", "serviceaccount", "reader", "-n", namespace)
+    control_plane.kubectl(
+        "create", "role", "read-configmaps", "-n", namespace, "--verb=get,list",
+        "--resource=configmaps",
+    )  # fmt: skip
+    control_plane.kubectl(
+        "create", "rolebinding", "reader", "-n", namespace, "--role=read-configmaps",
+        f"--serviceaccount={namespace}:reader",
+    )  # fmt: skip
+    token = control_plane.kubectl("create", "token", "reader", "-n", namespace).stdout.strip()
+    kubeconfig = control_plane.write_token_kubeconfig(tmp_path / "reader.kubeconfig", token)
+
+    def as_reader(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(control_plane.kubectl_path), f"--kubeconfig={kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    whoami = as_reader("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+    assert whoami.stdout == f"system:serviceaccount:{namespace}:reader", whoami.stderr
+    assert as_reader("get", "configmaps", "-n", namespace).returncode == 0
+    denied = as_reader("get", "secrets", "-n", namespace)
+    assert denied.returncode != 0
+    assert "forbidden" in denied.stderr.lower()

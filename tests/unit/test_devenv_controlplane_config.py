@@ -13,6 +13,7 @@ from guardedcron.devenv.controlplane import (
     CONTROLLERS,
     LOOPBACK,
     build_apiserver_args,
+    build_client_cert_credentials,
     build_controller_manager_args,
     build_etcd_args,
     build_kubeconfig,
@@ -52,7 +53,10 @@ def test_two_instances_get_different_cas(tmp_path: Path) -> None:
 def test_kubeconfig_inlines_the_certificates(tmp_path: Path) -> None:
     pki = make_pki(tmp_path, "t", "10.0.0.1")
     config = yaml.safe_load(
-        build_kubeconfig("https://127.0.0.1:6443", pki.ca.cert, pki.admin, "t", "admin")
+        build_kubeconfig(
+            "https://127.0.0.1:6443", pki.ca.cert, build_client_cert_credentials(pki.admin), "t",
+            "admin",
+        )
     )
     assert config["current-context"] == "t"
     [cluster] = config["clusters"]

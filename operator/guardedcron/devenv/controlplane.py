@@ -153,30 +153,34 @@ def build_controller_manager_args(
     ]
 
 
-def build_kubeconfig(server: str, ca: Path, client: KeyPair, cluster: str, user: str) -> str:
-    """A self-contained kubeconfig (certificates inlined), so any client can read it alone."""
+def _inline(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
 
-    def inline(path: Path) -> str:
-        return base64.b64encode(path.read_bytes()).decode()
 
+def build_client_cert_credentials(client: KeyPair) -> dict[str, str]:
+    return {
+        "client-certificate-data": _inline(client.cert),
+        "client-key-data": _inline(client.key),
+    }
+
+
+def build_kubeconfig(
+    server: str, ca: Path, credentials: dict[str, str], cluster: str, user: str
+) -> str:
+    """A self-contained kubeconfig (certificates inlined), so any client can read it alone.
+
+    `credentials` is the kubeconfig's user entry: client-certificate data or {"token": ...}.
+    """
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {
                 "name": cluster,
-                "cluster": {"server": server, "certificate-authority-data": inline(ca)},
+                "cluster": {"server": server, "certificate-authority-data": _inline(ca)},
             }
         ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate-data": inline(client.cert),
-                    "client-key-data": inline(client.key),
-                },
-            }
-        ],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": user}}],
         "current-context": cluster,
     }
@@ -318,6 +322,17 @@ class ControlPlane:
         """GET an API path as the admin, e.g. /api/v1/namespaces/default; raises HTTPError."""
         return json.loads(self._get_text(path))
 
+    def write_token_kubeconfig(self, path: Path, token: str, user: str = "token-user") -> Path:
+        """Write a kubeconfig that authenticates with `token` (e.g. a service account's).
+
+        The operator's e2e runs it this way, so the chart's RBAC is what it is allowed.
+        """
+        path.write_text(
+            build_kubeconfig(self.server, self.ca_file, {"token": token}, self.name, user)
+        )
+        path.chmod(0o600)
+        return path
+
     def logs_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last lines of each process's log, for printing when something failed."""
         parts = []
@@ -354,7 +369,10 @@ class ControlPlane:
         apiserver_port = free_port()
         self.server = f"https://{LOOPBACK}:{apiserver_port}"
         self.kubeconfig.write_text(
-            build_kubeconfig(self.server, pki.ca.cert, pki.admin, self.name, "admin")
+            build_kubeconfig(
+                self.server, pki.ca.cert, build_client_cert_credentials(pki.admin), self.name,
+                "admin",
+            )
         )
         self._spawn(
             "kube-apiserver",
@@ -367,10 +385,13 @@ class ControlPlane:
         kcm_kubeconfig = workdir / "kcm.kubeconfig"
         kcm_kubeconfig.write_text(
             build_kubeconfig(
-                self.server, pki.ca.cert, pki.controller_manager, self.name,
+                self.server,
+                pki.ca.cert,
+                build_client_cert_credentials(pki.controller_manager),
+                self.name,
                 "system:kube-controller-manager",
             )
-        )  # fmt: skip
+        )
         self._spawn(
             "kube-controller-manager",
             build_controller_manager_args(
