@@ -1,0 +1,185 @@
+"""A small asynchronous Kubernetes API client over aiohttp.
+
+Why not kubernetes_asyncio: its import alone costs tens of MiB of resident memory
+and seconds of start-up, and the operator needs six calls. Credentials come from
+kopf's login (a `kopf.ConnectionInfo`: server, CA or insecure, token, basic auth or
+client certificate), so the operator and kopf talk to the same API server the same
+way. Every call is a coroutine on the event loop; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+from guardedcron import __version__, contract
+from guardedcron.kube.errors import ApiError, ApiUnreachable, Unauthorized, error_from_response
+from guardedcron.kube.resources import Resource
+
+# Returns fresh credentials (re-reading a rotated service-account token, say).
+CredentialsSource = Callable[[], Awaitable[kopf.ConnectionInfo | None]]
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+# Server-side apply takes YAML; JSON is YAML, and keeps the body exact.
+APPLY_PATCH = "application/apply-patch+yaml"
+LIST_PAGE_SIZE = 500
+
+
+class KubeClient:
+    """One HTTP session to one API server. Call `use()` with credentials before the
+    first request (kopf's login handler does), and `close()` at the end."""
+
+    def __init__(
+        self,
+        info: kopf.ConnectionInfo | None = None,
+        *,
+        relogin: CredentialsSource | None = None,
+        timeout_seconds: float = 30.0,
+    ) -> None:
+        self._info = info
+        self._relogin = relogin
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._session: aiohttp.ClientSession | None = None
+        self._session_lock = asyncio.Lock()
+
+    @property
+    def server(self) -> str | None:
+        return self._info.server if self._info is not None else None
+
+    async def use(self, info: kopf.ConnectionInfo) -> None:
+        """Switch to these credentials; a changed login gets a new session."""
+        if info == self._info:
+            return
+        self._info = info
+        old, self._session = self._session, None
+        if old is not None:
+            await old.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- the calls the operator makes
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._request("GET", resource.path(namespace, name))
+        return result
+
+    async def list(self, resource: Resource, namespace: str | None = None, *,
+                   label_selector: str | None = None) -> list[dict[str, Any]]:
+        """Every object, page by page; `namespace` None lists across all namespaces."""
+        items: list[dict[str, Any]] = []
+        params: dict[str, str] = {"limit": str(LIST_PAGE_SIZE)}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        while True:
+            page = await self._request("GET", resource.path(namespace), params=params)
+            items.extend(page.get("items") or ())
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            params["continue"] = token
+
+    async def apply(self, resource: Resource, body: Mapping[str, Any], *,
+                    field_manager: str = contract.FIELD_MANAGER) -> dict[str, Any]:
+        """Server-side apply `body` (its metadata names the object), taking over
+        conflicting fields (`force`): the operator is the one owner of what it sets."""
+        metadata = body["metadata"]
+        path = resource.path(metadata.get("namespace"), metadata["name"])
+        result: dict[str, Any] = await self._request(
+            "PATCH", path, params={"fieldManager": field_manager, "force": "true"},
+            body=body, content_type=APPLY_PATCH)
+        return result
+
+    async def merge_patch(self, resource: Resource, namespace: str | None, name: str,
+                          patch: Mapping[str, Any], *, subresource: str | None = None,
+                          field_manager: str = contract.FIELD_MANAGER) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386): None deletes a key, lists are replaced whole."""
+        result: dict[str, Any] = await self._request(
+            "PATCH", resource.path(namespace, name, subresource),
+            params={"fieldManager": field_manager}, body=patch, content_type=MERGE_PATCH)
+        return result
+
+    async def patch_status(self, resource: Resource, namespace: str | None, name: str,
+                           status: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.merge_patch(resource, namespace, name, {"status": status},
+                                      subresource="status")
+
+    async def create(self, resource: Resource, namespace: str | None,
+                     body: Mapping[str, Any], *,
+                     field_manager: str = contract.FIELD_MANAGER) -> dict[str, Any]:
+        result: dict[str, Any] = await self._request(
+            "POST", resource.path(namespace), params={"fieldManager": field_manager},
+            body=body, content_type=JSON)
+        return result
+
+    async def delete(self, resource: Resource, namespace: str | None, name: str) -> None:
+        await self._request("DELETE", resource.path(namespace, name),
+                            params={"propagationPolicy": "Background"})
+
+    # --- plumbing
+
+    async def _request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
+                       body: Mapping[str, Any] | None = None,
+                       content_type: str | None = None) -> Any:
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Accept": JSON}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        retried_login = False
+        while True:
+            session = await self._session_now()
+            url = self._info.server.rstrip("/") + path if self._info is not None else path
+            try:
+                async with session.request(method, url, params=params, data=data,
+                                           headers=headers) as response:
+                    text = await response.text()
+                    status = response.status
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise ApiUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            if status < 400:
+                return json.loads(text) if text else None
+            error = _decode_error(status, text)
+            if isinstance(error, Unauthorized) and self._relogin is not None and not retried_login:
+                # A bound service-account token rotates; read it again, once.
+                retried_login = True
+                fresh = await self._relogin()
+                if fresh is not None:
+                    await self.use(fresh)
+                    continue
+            raise error
+
+    async def _session_now(self) -> aiohttp.ClientSession:
+        async with self._session_lock:  # concurrent first requests share one session
+            if self._session is None:
+                self._session = await self._new_session()
+            return self._session
+
+    async def _new_session(self) -> aiohttp.ClientSession:
+        info = self._info
+        if info is None:
+            raise ApiUnreachable("no Kubernetes credentials yet (kopf's login has not run)")
+        # Building the TLS context reads CA and key files (and kopf writes inline key data
+        # to a temporary file): file I/O, so off the event loop.
+        ssl_context = (await asyncio.to_thread(info.as_ssl_context)
+                       if info.server.startswith("https:") else False)
+        headers = info.as_http_headers()
+        headers["User-Agent"] = f"guardedcron/{__version__}"
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=20, ssl=ssl_context), headers=headers,
+            timeout=self._timeout, proxy=info.proxy_url, trust_env=info.trust_env)
+
+
+def _decode_error(status: int, text: str) -> ApiError:
+    try:
+        body: object = json.loads(text)
+    except ValueError:
+        body = None
+    return error_from_response(status, body, text)
