@@ -1,0 +1,212 @@
+"""Prometheus metrics of the operator, and the endpoint that serves them.
+
+Names and labels are a contract with the chart's PrometheusRule (docs/design.md,
+"Metrics"). Counters move only on transitions between two statuses (the same ones
+that make Events), so an idle resync or an operator restart counts nothing twice;
+gauges are set from the status itself, so they are right again after a restart.
+Metrics live in their own registry, not the process-global one, so tests and
+several operators in one process do not mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from guardedcron.status.history import finished_runs
+from guardedcron.status.runs import Outcome, RunRecord
+from guardedcron.status.times import parse_time
+from guardedcron.status.transitions import EventReason, RunEvent, run_events
+
+# The `outcome` label of runs_total and run_duration_seconds.
+OUTCOME_LABELS: Final[Mapping[Outcome, str]] = {
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.FAILED: "failed",
+    Outcome.SKIPPED: "skipped",
+    Outcome.TIMED_OUT: "timed_out",
+    Outcome.LOST: "lease_lost",
+    Outcome.GUARD_ERROR: "guard_error",
+}
+# From a skip (well under a second) to the longest deadlines people give nightly jobs.
+RUN_DURATION_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+                               7200.0, 21600.0, 86400.0)
+RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+METRICS_PATH: Final = "/metrics"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    registry: CollectorRegistry
+    runs: Counter
+    missed_runs: Counter
+    overlaps: Counter
+    last_success: Gauge
+    schedule_period: Gauge
+    run_duration: Histogram
+    reconcile_duration: Histogram
+    reconcile_errors: Counter
+
+
+def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
+    """Every guardedcron metric, registered in `registry` (a new one if not given)."""
+    registry = registry if registry is not None else CollectorRegistry()
+    per_job = ("namespace", "name")
+    return Metrics(
+        registry=registry,
+        runs=Counter("guardedcron_runs_total", "Finished runs by outcome.",
+                     (*per_job, "outcome"), registry=registry),
+        missed_runs=Counter("guardedcron_missed_runs_total",
+                            "Schedule slots whose start deadline passed with no run (MissedRun).",
+                            per_job, registry=registry),
+        overlaps=Counter("guardedcron_overlaps_total",
+                         "Runs seen holding the lock while another run of it was active.",
+                         per_job, registry=registry),
+        last_success=Gauge("guardedcron_last_success_timestamp_seconds",
+                           "End time of the last successful run, in Unix seconds.",
+                           per_job, registry=registry),
+        schedule_period=Gauge("guardedcron_schedule_period_seconds",
+                              "Seconds between the schedule's last two fire times.",
+                              per_job, registry=registry),
+        run_duration=Histogram("guardedcron_run_duration_seconds",
+                               "Run durations, from the lease won (or the Job started) to the end.",
+                               (*per_job, "outcome"), buckets=RUN_DURATION_BUCKETS, registry=registry),
+        reconcile_duration=Histogram("guardedcron_reconcile_duration_seconds",
+                                     "One reconcile pass of one GuardedCronJob.",
+                                     buckets=RECONCILE_BUCKETS, registry=registry),
+        reconcile_errors=Counter("guardedcron_reconcile_errors_total",
+                                 "Reconcile passes that ended in an error.",
+                                 per_job, registry=registry),
+    )
+
+
+def record_status_change(
+    metrics: Metrics,
+    *,
+    namespace: str,
+    name: str,
+    old_status: Mapping[str, Any] | None,
+    new_status: Mapping[str, Any],
+    schedule_period_seconds: float | None,
+) -> list[RunEvent]:
+    """Everything a pass changed, into the metrics; returns the Events to post.
+
+    Call it once per pass that wrote `new_status` over `old_status` (the stored one).
+    """
+    events = run_events(old_status, new_status)
+    record_runs(metrics, namespace=namespace, name=name, runs=finished_runs(old_status, new_status))
+    record_events(metrics, namespace=namespace, name=name, events=events)
+    update_gauges(metrics, namespace=namespace, name=name, status=new_status,
+                  schedule_period_seconds=schedule_period_seconds)
+    return events
+
+
+def record_runs(metrics: Metrics, *, namespace: str, name: str, runs: Iterable[RunRecord]) -> None:
+    """Count runs that just finished, and observe their durations."""
+    for run in runs:
+        outcome = OUTCOME_LABELS.get(run.outcome)
+        if outcome is None:
+            continue
+        metrics.runs.labels(namespace, name, outcome).inc()
+        if run.started_at is not None and run.finished_at is not None:
+            seconds = (run.finished_at - run.started_at).total_seconds()
+            metrics.run_duration.labels(namespace, name, outcome).observe(max(seconds, 0.0))
+
+
+def record_events(metrics: Metrics, *, namespace: str, name: str, events: Iterable[RunEvent]) -> None:
+    """Count the MissedRun and Overlap transitions among `events`."""
+    for event in events:
+        if event.reason is EventReason.MISSED_RUN:
+            metrics.missed_runs.labels(namespace, name).inc()
+        elif event.reason is EventReason.OVERLAP:
+            metrics.overlaps.labels(namespace, name).inc()
+
+
+def update_gauges(metrics: Metrics, *, namespace: str, name: str, status: Mapping[str, Any],
+                  schedule_period_seconds: float | None) -> None:
+    last_success = parse_time(status.get("lastSuccessfulTime"))
+    if last_success is not None:
+        metrics.last_success.labels(namespace, name).set(last_success.timestamp())
+    if schedule_period_seconds is not None:
+        metrics.schedule_period.labels(namespace, name).set(schedule_period_seconds)
+    else:
+        _remove(metrics.schedule_period, namespace, name)
+
+
+def observe_reconcile(metrics: Metrics, *, namespace: str, name: str, seconds: float, error: bool) -> None:
+    metrics.reconcile_duration.observe(seconds)
+    if error:
+        metrics.reconcile_errors.labels(namespace, name).inc()
+
+
+@contextlib.contextmanager
+def reconcile_timer(metrics: Metrics, *, namespace: str, name: str) -> Iterator[None]:
+    """Times the block as one reconcile pass; an exception counts as an error (and is re-raised)."""
+    started = time.monotonic()
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        observe_reconcile(metrics, namespace=namespace, name=name,
+                          seconds=time.monotonic() - started, error=failed)
+
+
+def forget(metrics: Metrics, *, namespace: str, name: str) -> None:
+    """Drop every series of a deleted GuardedCronJob, so it stops being exported."""
+    for metric in (metrics.missed_runs, metrics.overlaps, metrics.last_success,
+                   metrics.schedule_period, metrics.reconcile_errors):
+        _remove(metric, namespace, name)
+    for outcome in OUTCOME_LABELS.values():
+        _remove(metrics.runs, namespace, name, outcome)
+        _remove(metrics.run_duration, namespace, name, outcome)
+
+
+def _remove(metric: Counter | Gauge | Histogram, *labels: str) -> None:
+    with contextlib.suppress(KeyError):  # never set for this GuardedCronJob
+        metric.remove(*labels)
+
+
+class MetricsServer:
+    """The /metrics endpoint, served on the operator's asyncio loop (aiohttp)."""
+
+    def __init__(self, runner: web.AppRunner, site: web.TCPSite, port: int) -> None:
+        self._runner = runner
+        self._site = site
+        self.port = port
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+async def start_metrics_server(
+    port: int, registry: CollectorRegistry, *, host: str = "0.0.0.0",
+) -> MetricsServer:
+    """Serve `registry` at http://host:port/metrics; port 0 binds a free port (see `.port`).
+
+    The operator's setting `GUARDEDCRON_METRICS_PORT=0` means "off": check it before calling.
+    """
+    app = web.Application()
+    app.router.add_get(METRICS_PATH, make_aiohttp_handler(registry))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return MetricsServer(runner, site, _bound_port(runner, port))
+
+
+def _bound_port(runner: web.AppRunner, requested: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return requested
