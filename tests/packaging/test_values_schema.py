@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.packaging.chart import template
+from tests.packaging.chart import CHART, helm, template
 
 # (case id, values, the location helm must name in its message)
 BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
@@ -75,3 +75,15 @@ def test_good_variants_pass_the_schema() -> None:
         "global": {"imageRegistry": "mirror.example"},
     })
     assert result.code == 0, result.stderr
+
+
+def test_helm_install_refuses_bad_values_too() -> None:
+    """`helm install` validates the same schema before it talks to any cluster."""
+    result = helm(
+        ["install", "gc", str(CHART), "--dry-run=client", "--namespace", "guardedcron-system"],
+        {"watchNamespaces": ["Billing_Team"]},
+    )
+    assert result.code != 0
+    assert "INSTALLATION FAILED" in result.stderr and "/watchNamespaces/0" in result.stderr
+    good = helm(["install", "gc", str(CHART), "--dry-run=client", "--namespace", "guardedcron-system"])
+    assert good.code == 0, good.stderr
