@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keep": ("guard_commands", "renew a lease until SIGTERM, then release it (native sidecar mode)"),
     "db": ("db", "database schema: `db migrate`"),
     "runs": ("runs", "run history of a lock: list, gaps against a schedule, overlaps"),
+    "demo": ("demo", "two local clusters, one database: watch a guarded job run once per slot"),
     "render": ("render", "print the CronJob the operator would create for a GuardedCronJob"),
 }
 
