@@ -173,7 +173,8 @@ def describe_run(cluster: Cluster, job: dict[str, Any]) -> str | None:
             f"{name}: Skipped -- {guard.get('reason')}: {guard.get('holder')} "
             f"holds fence {guard.get('fence')}"
         )
-    return f"{name}: {'Complete' if 'Complete' in done else 'Failed'} ({guard.get('reason', 'no guard message')})"
+    verdict = "Complete" if "Complete" in done else "Failed"
+    return f"{name}: {verdict} ({guard.get('reason', 'no guard message')})"
 
 
 def run_demo(*, slots: int | None, say: Say = print, stop: threading.Event | None = None) -> int:
