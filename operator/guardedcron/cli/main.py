@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("runs", "run history of a lock: list, gaps against a schedule, overlaps"),
     "demo": ("demo", "two local clusters, one database: watch a guarded job run once per slot"),
     "render": ("render", "print the CronJob the operator would create for a GuardedCronJob"),
+    "operator": ("operator", "run the operator: GuardedCronJobs into guarded CronJobs, run status back"),
 }
 
 

@@ -52,8 +52,11 @@ class KubeClient:
     def server(self) -> str | None:
         return self._info.server if self._info is not None else None
 
-    async def use(self, info: kopf.ConnectionInfo) -> None:
-        """Switch to these credentials; a changed login gets a new session."""
+    async def use(self, info: kopf.ConnectionInfo, *, relogin: CredentialsSource | None = None) -> None:
+        """Switch to these credentials; a changed login gets a new session. `relogin`,
+        if given, is asked once for fresh credentials when the API server answers 401."""
+        if relogin is not None:
+            self._relogin = relogin
         if info == self._info:
             return
         self._info = info

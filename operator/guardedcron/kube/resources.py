@@ -39,4 +39,5 @@ GUARDED_CRONJOBS = Resource(contract.API_GROUP, contract.API_VERSION, contract.P
 CRONJOBS = Resource("batch", "v1", "cronjobs", "CronJob")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 PODS = Resource("", "v1", "pods", "Pod")
-EVENTS = Resource("events.k8s.io", "v1", "events", "Event")
+# core/v1 Events: what `kubectl describe` lists for an object.
+EVENTS = Resource("", "v1", "events", "Event")

@@ -1,0 +1,60 @@
+"""What every handler gets: the API client, the builder settings, the clock, the
+metrics, and the operator's short memory of its own passes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from guardedcron.kube import KubeClient
+from guardedcron.observability.metrics import Metrics, create_metrics
+from guardedcron.spec import OperatorSettings
+
+# Injected so tests decide what "now" is (next fire times, condition transition times).
+Clock = Callable[[], datetime]
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+class PassMemory:
+    """Per GuardedCronJob (by uid): a lock that runs its passes one at a time, and the
+    status the operator wrote last.
+
+    Passes start from several watches (the GuardedCronJob, its CronJob) whose events
+    arrive in any order, and the status in a watched object lags the operator's own
+    write by one event. Comparing a new status against the one written last, instead
+    of the one seen, keeps a second pass from writing the same status again.
+    """
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._written: dict[str, Mapping[str, Any]] = {}
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    def written_status(self, uid: str) -> Mapping[str, Any] | None:
+        return self._written.get(uid)
+
+    def remember_status(self, uid: str, status: Mapping[str, Any]) -> None:
+        self._written[uid] = status
+
+    def forget(self, uid: str) -> None:
+        self._locks.pop(uid, None)
+        self._written.pop(uid, None)
+
+
+@dataclass(frozen=True)
+class OperatorContext:
+    client: KubeClient
+    settings: OperatorSettings
+    clock: Clock = system_clock
+    # Exact namespaces watched; empty: the whole cluster.
+    namespaces: tuple[str, ...] = ()
+    memory: PassMemory = field(default_factory=PassMemory)
+    metrics: Metrics = field(default_factory=create_metrics)

@@ -1,0 +1,95 @@
+"""What one reconcile pass looks at, gathered from kopf's in-memory indexes.
+
+The indexes hold every GuardedCronJob and every CronJob, Job and Pod labelled as
+guardedcron's, so a pass (and a restart over up-to-date objects) reads nothing from
+the API server. They keep a trimmed copy of each object: no `managedFields` except
+the operator's own apply entry (which the apply check needs), no pod specs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from guardedcron import contract
+
+Key = tuple[str, str]  # (namespace, GuardedCronJob name)
+Body = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one pass decides from."""
+
+    gcj: Body
+    cronjob: Body | None  # None: it does not exist
+    jobs: Sequence[Body] = ()
+    pods_by_job: Mapping[str, Sequence[Body]] = field(default_factory=dict)
+
+
+def trimmed(body: Mapping[str, Any], *, keep_spec: bool = True,
+            drop_spec_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A plain copy of the parts of an object a pass reads."""
+    metadata = dict(body.get("metadata") or {})
+    managed = [entry for entry in metadata.pop("managedFields", None) or ()
+               if entry.get("manager") == contract.FIELD_MANAGER and entry.get("operation") == "Apply"]
+    if managed:
+        metadata["managedFields"] = managed
+    result: dict[str, Any] = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                              "metadata": metadata}
+    if keep_spec and "spec" in body:
+        spec = body["spec"]
+        result["spec"] = {k: v for k, v in spec.items() if k not in drop_spec_keys} \
+            if drop_spec_keys else spec
+    if "status" in body:
+        result["status"] = body["status"]
+    return result
+
+
+def owner_key(body: Mapping[str, Any]) -> Key | None:
+    """The GuardedCronJob an owned object belongs to, by the label the builder sets."""
+    metadata = body.get("metadata") or {}
+    name = (metadata.get("labels") or {}).get(contract.LABEL_NAME)
+    namespace = metadata.get("namespace")
+    return (namespace, name) if isinstance(name, str) and isinstance(namespace, str) else None
+
+
+def index_by_name(body: Body) -> dict[Key, Body]:
+    return {gcj_key(body): trimmed(body)}
+
+
+def index_job(body: Body) -> dict[Key, Body]:
+    key = owner_key(body)
+    # The pod template is the CronJob's, already known; runs are told apart by status.
+    return {key: trimmed(body, drop_spec_keys=("template",))} if key is not None else {}
+
+
+def index_pod(body: Body) -> dict[Key, Body]:
+    key = owner_key(body)
+    return {key: trimmed(body, keep_spec=False)} if key is not None else {}
+
+
+def lookup(index: kopf.Index[Key, Body], key: Key) -> Body | None:
+    store = index.get(key)
+    return next(iter(store), None) if store is not None else None
+
+
+def gcj_key(body: Body) -> Key:
+    """(namespace, name) of an object; for a CronJob, also its GuardedCronJob's."""
+    metadata = body.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def observe(gcj: Body, cronjob: Body | None, *, jobs: kopf.Index[Key, Body],
+            pods: kopf.Index[Key, Body]) -> Observed:
+    key = gcj_key(gcj)
+    owned_jobs = list(jobs.get(key) or ())
+    by_job: dict[str, list[Body]] = {}
+    for pod in pods.get(key) or ():
+        job_name = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_JOB_NAME)
+        if isinstance(job_name, str):
+            by_job.setdefault(job_name, []).append(pod)
+    return Observed(gcj=gcj, cronjob=cronjob, jobs=owned_jobs, pods_by_job=by_job)

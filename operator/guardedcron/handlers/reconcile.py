@@ -1,0 +1,241 @@
+"""The reconcile pass and the plain functions kopf's handlers call (no decorators here).
+
+One pass for one GuardedCronJob: parse the spec; if valid, build the desired CronJob
+and server-side apply it only when the live one differs in what guardedcron sets;
+compute the whole status once and write it only when it changed. Every pass, from
+any trigger, goes through `reconcile`, so a resync over up-to-date objects writes
+nothing, whatever woke it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+import kopf
+
+from guardedcron import contract
+from guardedcron.builders import build_cronjob
+from guardedcron.handlers.context import OperatorContext, PassMemory
+from guardedcron.handlers.observe import Body, Key, Observed, gcj_key, lookup, observe, trimmed
+from guardedcron.kube import (
+    CRONJOBS,
+    EVENTS,
+    GUARDED_CRONJOBS,
+    ApiError,
+    Conflict,
+    KubeClient,
+    KubeError,
+    NotFound,
+    Resource,
+    apply_needed,
+)
+from guardedcron.kube.credentials import discover_credentials
+from guardedcron.observability.events import build_event
+from guardedcron.observability.metrics import (
+    Metrics,
+    reconcile_timer,
+    record_status_change,
+    update_gauges,
+)
+from guardedcron.observability.metrics import forget as forget_metrics
+from guardedcron.spec import OperatorSettings, ParsedSpec, Problem, SpecError, parse_guarded_cronjob
+from guardedcron.status import compute_status, schedule_period_seconds, status_changed, status_patch
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+# kopf keeps its own bookkeeping (the last handled spec, retry counts) in annotations
+# under this prefix: not under guardedcron.io/, whose annotations (the manual trigger)
+# must stay visible to kopf as changes, and not in .status, which the CRD's schema
+# would prune and the operator writes only when its own fields change.
+KOPF_PREFIX = f"operator.{contract.API_GROUP}"
+# A CronJob in the way is retried at this pace until it is deleted or renamed.
+NOT_OWNED_RETRY_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class PassResult:
+    applied: bool  # the CronJob was server-side applied
+    status_written: bool
+    apply_error: str | None  # why the CronJob is not as desired, if it cannot be
+    not_owned: bool = False  # a CronJob of the same name belongs to someone else
+
+
+async def reconcile(observed: Observed, *, client: KubeClient, settings: OperatorSettings,
+                    memory: PassMemory, metrics: Metrics, now: datetime, logger: Logger) -> PassResult:
+    """One pass over one GuardedCronJob: at most one apply and one status patch, then the
+    Events for the run transitions that status records."""
+    gcj = observed.gcj
+    namespace, name = gcj_key(gcj)
+    uid = str((gcj.get("metadata") or {}).get("uid") or "")
+    parsed: ParsedSpec | None
+    problems: tuple[Problem, ...] = ()
+    try:
+        parsed = parse_guarded_cronjob(gcj)
+    except SpecError as error:
+        parsed, problems = None, error.problems
+        # The CronJob (if any) keeps its last valid configuration: still guarded.
+        logger.warning(f"Spec is invalid; the CronJob is left as it is: {error}")
+
+    cronjob = observed.cronjob
+    applied = not_owned = False
+    apply_error: str | None = None
+    if parsed is not None:
+        desired = build_cronjob(parsed, settings)
+        if cronjob is not None and not controlled_by(cronjob, uid):
+            not_owned = True
+            apply_error = (f"CronJob {name} already exists and is not controlled by this "
+                           "GuardedCronJob; delete or rename it (guardedcron never takes over "
+                           "an object it did not create)")
+        elif (reason := apply_needed(desired, cronjob, contract.FIELD_MANAGER)) is not None:
+            try:
+                cronjob = await client.apply(CRONJOBS, desired)
+            except ApiError as error:
+                if not error.permanent:
+                    raise  # kopf retries with backoff
+                apply_error = error.message
+                logger.warning(f"The API server refused CronJob {name}: {error}")
+            else:
+                applied = True
+                logger.info(f"Applied CronJob {name}: {reason}.")
+
+    previous = memory.written_status(uid) or gcj.get("status") or {}
+    status = compute_status(
+        gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=cronjob, jobs=observed.jobs,
+        pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
+        apply_error=apply_error)
+    period = schedule_period_seconds(parsed, now) if parsed is not None else None
+    if not status_changed(previous, status):
+        update_gauges(metrics, namespace=namespace, name=name, status=status,
+                      schedule_period_seconds=period)
+        return PassResult(applied=applied, status_written=False, apply_error=apply_error,
+                          not_owned=not_owned)
+    await client.patch_status(GUARDED_CRONJOBS, namespace, name, status_patch(previous, status))
+    memory.remember_status(uid, status)
+    events = record_status_change(metrics, namespace=namespace, name=name, old_status=previous,
+                                  new_status=status, schedule_period_seconds=period)
+    for event in events:
+        await post_event(client, build_event(gcj, event, now), logger)
+    return PassResult(applied=applied, status_written=True, apply_error=apply_error,
+                      not_owned=not_owned)
+
+
+async def post_event(client: KubeClient, body: Mapping[str, Any], logger: Logger) -> None:
+    """Events are for people reading `kubectl describe`; failing to post one must not
+    fail the pass (the status already says it)."""
+    try:
+        await client.create(EVENTS, body["metadata"]["namespace"], body)
+    except Conflict:
+        pass  # the same transition, posted by a pass that was retried: its name is deterministic
+    except KubeError as error:
+        logger.warning(f"Could not post Event {body['reason']}: {error}")
+
+
+def controlled_by(obj: Body, uid: str) -> bool:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return bool(uid) and any(
+        isinstance(o, Mapping) and o.get("uid") == uid and o.get("controller") is True for o in owners)
+
+
+async def run_pass(gather: Callable[[], Observed], *, uid: str, context: OperatorContext,
+                   logger: Logger) -> PassResult:
+    """Gather and reconcile under the GuardedCronJob's lock: passes for one object from
+    different watches run one after the other, each on the latest indexed state."""
+    async with context.memory.lock(uid):
+        observed = gather()
+        namespace, name = gcj_key(observed.gcj)
+        with reconcile_timer(context.metrics, namespace=namespace, name=name):
+            return await reconcile(observed, client=context.client, settings=context.settings,
+                                   memory=context.memory, metrics=context.metrics,
+                                   now=context.clock(), logger=logger)
+
+
+# --- what the decorated handlers call ------------------------------------------------
+
+async def reconcile_guarded_cronjob(
+    body: Body, *, context: OperatorContext, cronjobs: kopf.Index[Key, Body],
+    jobs: kopf.Index[Key, Body], pods: kopf.Index[Key, Body],
+    logger: Logger,
+) -> None:
+    """Create, update or resume of a GuardedCronJob."""
+    gcj = trimmed(body)
+    key = gcj_key(gcj)
+    cronjob = lookup(cronjobs, key)
+    if cronjob is None:
+        # The index holds only CronJobs labelled as guardedcron's: ask whether another
+        # object holds the name before applying over it.
+        cronjob = await _get_or_none(context.client, key)
+    uid = str(gcj["metadata"].get("uid") or "")
+    result = await run_pass(
+        lambda: observe(gcj, lookup(cronjobs, key) or cronjob, jobs=jobs, pods=pods),
+        uid=uid, context=context, logger=logger)
+    if result.not_owned:
+        raise kopf.TemporaryError(result.apply_error or "CronJob not owned",
+                                  delay=NOT_OWNED_RETRY_SECONDS)
+
+
+async def repair_cronjob(
+    event: Mapping[str, Any], *, context: OperatorContext,
+    guarded_cronjobs: kopf.Index[Key, Body], jobs: kopf.Index[Key, Body],
+    pods: kopf.Index[Key, Body], logger: Logger,
+) -> None:
+    """An owned CronJob was added, changed or deleted: reconcile its GuardedCronJob, which
+    repairs a CronJob edited or deleted by hand (and sees the CronJob's own status)."""
+    cronjob = trimmed(event["object"])
+    key = gcj_key(cronjob)  # the CronJob has the GuardedCronJob's name
+    deleted = event.get("type") == "DELETED"
+    parent = lookup(guarded_cronjobs, key)
+    if parent is not None and deleted:
+        # The garbage collector deletes the CronJob once its owner is gone, and the two
+        # watches may deliver that in either order: ask the API server, not the index.
+        parent = await _get_or_none(context.client, key, GUARDED_CRONJOBS)
+    if parent is None or (parent.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    uid = str(parent["metadata"].get("uid") or "")
+    if not deleted and not controlled_by(cronjob, uid):
+        return  # not this GuardedCronJob's CronJob; its own pass reports the clash
+    found = parent
+    await run_pass(
+        lambda: observe(lookup(guarded_cronjobs, key) or found, None if deleted else cronjob,
+                        jobs=jobs, pods=pods),
+        uid=uid, context=context, logger=logger)
+
+
+def forget_deleted(event: Mapping[str, Any], *, context: OperatorContext) -> None:
+    """Drop what the operator keeps about a deleted GuardedCronJob (lock, last status,
+    metric series)."""
+    if event.get("type") == "DELETED":
+        body = event["object"]
+        namespace, name = gcj_key(body)
+        context.memory.forget(str((body.get("metadata") or {}).get("uid") or ""))
+        forget_metrics(context.metrics, namespace=namespace, name=name)
+
+
+async def login(client: KubeClient, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
+    """kopf's login: the same credentials for kopf's watches and the operator's calls."""
+    info = await discover_credentials(settings)
+    if info is not None:
+        await client.use(info, relogin=partial(discover_credentials, settings))
+    return info
+
+
+def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration")
+    # kopf's own events for every handler run would be a write per pass; keep problems.
+    settings.posting.level = logging.WARNING
+    # Watching exact namespaces needs no cluster-scoped access (CRDs, Namespaces), and
+    # the namespace-scoped install grants none.
+    settings.scanning.disabled = namespaced
+
+
+async def _get_or_none(client: KubeClient, key: Key, resource: Resource = CRONJOBS) -> Body | None:
+    try:
+        return trimmed(await client.get(resource, *key))
+    except NotFound:
+        return None

@@ -1,0 +1,81 @@
+"""kopf's handlers for the operator: each a one-liner calling a plain function.
+
+`build_registry(context)` registers them into a fresh registry with the context
+bound, so the operator, kopf's test runner and the tests each get their own, with
+their own client and clock, and nothing is registered at import time.
+
+Indexes (kopf keeps them in memory from its watches, and starts handlers only once
+each is filled): every GuardedCronJob, and the CronJobs, Jobs and Pods labelled as
+guardedcron's. Deletion needs no handler: the CronJob's controller owner reference
+lets the garbage collector delete it (and its Jobs and Pods) after the GuardedCronJob,
+so no finalizer holds the GuardedCronJob back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from guardedcron import contract
+from guardedcron.handlers import observe, reconcile
+from guardedcron.handlers.context import OperatorContext
+from guardedcron.handlers.observe import Body, Key
+
+GCJ = (contract.API_GROUP, contract.API_VERSION, contract.PLURAL)
+OWNED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}
+RETRY_BACKOFF_SECONDS = 15  # kopf's default (60 s) is long for an API server hiccup
+
+
+def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    client = context.client
+
+    @kopf.on.login(registry=registry)
+    async def login(*, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
+        return await reconcile.login(client, settings)
+
+    @kopf.on.startup(registry=registry)
+    async def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
+        reconcile.configure_kopf(settings, namespaced=bool(context.namespaces))
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        await client.close()
+
+    @kopf.index(*GCJ, registry=registry)
+    async def guarded_cronjobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+        return observe.index_by_name(body)
+
+    @kopf.index("batch", "v1", "cronjobs", labels=OWNED, registry=registry)
+    async def owned_cronjobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+        # By its own name, the GuardedCronJob's: another CronJob carrying the labels
+        # under another name must not stand in for it.
+        return observe.index_by_name(body)
+
+    @kopf.index("batch", "v1", "jobs", labels=OWNED, registry=registry)
+    async def owned_jobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+        return observe.index_job(body)
+
+    @kopf.index("", "v1", "pods", labels=OWNED, registry=registry)
+    async def owned_pods(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+        return observe.index_pod(body)
+
+    @kopf.on.resume(*GCJ, registry=registry, backoff=RETRY_BACKOFF_SECONDS)
+    @kopf.on.create(*GCJ, registry=registry, backoff=RETRY_BACKOFF_SECONDS)
+    @kopf.on.update(*GCJ, registry=registry, backoff=RETRY_BACKOFF_SECONDS)
+    async def reconcile_guarded_cronjob(*, body: kopf.Body, logger: kopf.Logger, **kw: Any) -> None:
+        # kopf passes each index as a keyword named after its function.
+        await reconcile.reconcile_guarded_cronjob(body, context=context, cronjobs=kw["owned_cronjobs"],
+                                                  jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
+
+    @kopf.on.event(*GCJ, registry=registry)
+    async def forget_deleted(*, event: kopf.RawEvent, **_: Any) -> None:
+        reconcile.forget_deleted(event, context=context)
+
+    @kopf.on.event("batch", "v1", "cronjobs", labels=OWNED, registry=registry)
+    async def repair_cronjob(*, event: kopf.RawEvent, logger: kopf.Logger, **kw: Any) -> None:
+        await reconcile.repair_cronjob(event, context=context, guarded_cronjobs=kw["guarded_cronjobs"],
+                                       jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
+
+    return registry
