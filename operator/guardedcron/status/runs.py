@@ -168,13 +168,20 @@ def classify_run(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> R
 
 
 def is_manual(job: Mapping[str, Any]) -> bool:
-    """Made by hand (kubectl create job --from, guardedcron trigger), not by the schedule."""
+    """Made by hand (kubectl create job --from, guardedcron trigger), not by the schedule.
+
+    The CronJob controller marks its Jobs with the scheduled-timestamp annotation; both
+    ways of making one by hand mark theirs too. A Job with neither mark counts as
+    scheduled only if its name is `<cronjob>-<minutes>`, as the guard reads it.
+    """
     annotations = _mapping(_get(job, "metadata", "annotations"))
     if contract.ANNOTATION_MANUAL in annotations:
         return True
     if annotations.get(ANNOTATION_KUBECTL_INSTANTIATE) == "manual":
         return True
-    return contract.ANNOTATION_SCHEDULED_TIMESTAMP not in annotations
+    if contract.ANNOTATION_SCHEDULED_TIMESTAMP in annotations:
+        return False
+    return _slot_from_name(job) is None
 
 
 def scheduled_time(job: Mapping[str, Any]) -> datetime | None:
@@ -188,13 +195,20 @@ def scheduled_slot(job: Mapping[str, Any]) -> int | None:
 
     The guard claims the slot it reads from the name, so the name wins when both exist.
     """
+    from_name = _slot_from_name(job)
+    if from_name is not None:
+        return from_name
+    at = scheduled_time(job)
+    return epoch_minute(at) if at is not None else None
+
+
+def _slot_from_name(job: Mapping[str, Any]) -> int | None:
     name = str(_get(job, "metadata", "name") or "")
     for cronjob in _cronjob_names(job):
         match = re.fullmatch(re.escape(cronjob) + r"-(\d{1,12})", name)
         if match:
             return int(match.group(1))
-    at = scheduled_time(job)
-    return epoch_minute(at) if at is not None else None
+    return None
 
 
 # --- the cases ------------------------------------------------------------------
@@ -286,7 +300,10 @@ def _without_guard_exit(base: _Facts, job: Mapping[str, Any], terminal: Mapping[
 
 def _lost(base: _Facts, keeper: KeeperReport, job: Mapping[str, Any], terminal: Mapping[str, Any] | None,
           pod: Mapping[str, Any] | None, fields: dict[str, Any]) -> RunRecord:
-    reason = f"lease lost: {keeper.reason or keeper.problem or 'keeper exited 76'}"
+    if keeper.reason:
+        reason = f"lease lost: {keeper.reason}"
+    else:
+        reason = f"lease lost: keeper exited {contract.EXIT_LEASE_LOST} ({keeper.problem or 'no reason given'})"
     if terminal is None:
         return base.record(Outcome.LOST, reason + "; workload still running", **fields)
     outcome, result = _terminal_outcome(job, terminal, pod)

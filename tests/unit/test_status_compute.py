@@ -1,0 +1,328 @@
+"""compute_status over several passes: idle recomputes, bounded history, counts, conditions."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guardedcron import contract
+from guardedcron.builders import build_cronjob
+from guardedcron.spec import ParsedSpec, SpecError, parse_guarded_cronjob
+from guardedcron.status import compute_status, get_condition, status_changed, status_patch
+from tests.unit import status_objects as k
+from tests.unit.gcj_fixtures import DEFAULT_SETTINGS, put
+
+CREATED = datetime(2025, 5, 1, tzinfo=UTC)
+CEST = timedelta(hours=2)
+Run = tuple[dict[str, Any], list[dict[str, Any]]]
+
+
+def slot(day: int, month: int = 5) -> datetime:
+    """02:30 in Stockholm (CEST) on that day of 2025."""
+    return datetime(2025, month, day, 0, 30, tzinfo=UTC)
+
+
+class Runs:
+    """Jobs with their pods, one per scheduled slot, in each outcome."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._tmp, self._mp = tmp_path, monkeypatch
+
+    def _message(self, summary: dict[str, Any]) -> str:
+        return k.guard_message(summary, self._tmp, self._mp)
+
+    def _guard(self, exit_code: int, at: datetime, summary: dict[str, Any]) -> dict[str, Any]:
+        return k.container_status(contract.GUARD_CONTAINER, state={"terminated": k.terminated(
+            exit_code, at + timedelta(seconds=2), at + timedelta(seconds=4), self._message(summary))})
+
+    def running(self, at: datetime, fence: int, *, manual: bool = False) -> Run:
+        job = k.job(slot_time=None if manual else at, created=at, zone_offset=CEST, started=at, active=1,
+                    manual_annotation="trigger" if manual else None,
+                    name=f"{k.CRONJOB}-manual-{fence}" if manual else None)
+        guard = self._guard(0, at, k.acquired_summary(k.holder_of(job), fence, None if manual else k.minute_of(at)))
+        pod = k.pod(job, created=at, phase="Running", init_statuses=[guard], statuses=[
+            k.container_status("task", state={"running": {"startedAt": k.ts(at + timedelta(seconds=5))}})])
+        return job, [pod]
+
+    def succeeded(self, at: datetime, fence: int, minutes: int = 10) -> Run:
+        end = at + timedelta(minutes=minutes)
+        job = k.job(slot_time=at, created=at, zone_offset=CEST, started=at,
+                    conditions=k.complete_conditions(end), completion=end, counts={"succeeded": 1})
+        guard = self._guard(0, at, k.acquired_summary(k.holder_of(job), fence, k.minute_of(at)))
+        pod = k.pod(job, created=at, phase="Succeeded", init_statuses=[guard], statuses=[
+            k.container_status("task", state={"terminated": k.terminated(0, at, end)})])
+        return job, [pod]
+
+    def guard_error(self, at: datetime) -> Run:
+        end = at + timedelta(seconds=9)
+        job = k.job(slot_time=at, created=at, zone_offset=CEST, started=at, conditions=k.failed_conditions(
+            "PodFailurePolicy", k.rule_message(f"{k.CRONJOB}-{k.minute_of(at)}-q7xkz", 69, 1), end))
+        guard = self._guard(69, at, k.error_summary("billing/p", 69, "cannot reach the database"))
+        return job, [k.pod(job, created=at, phase="Failed", init_statuses=[guard])]
+
+    def skipped(self, at: datetime, fence: int) -> Run:
+        end = at + timedelta(seconds=9)
+        job = k.job(slot_time=at, created=at, zone_offset=CEST, started=at, conditions=k.failed_conditions(
+            "PodFailurePolicy", k.rule_message(f"{k.CRONJOB}-{k.minute_of(at)}-q7xkz", 75, 0), end))
+        guard = self._guard(75, at, k.skipped_summary(k.holder_of(job), "eu-2/billing/x", fence, k.minute_of(at)))
+        return job, [k.pod(job, created=at, phase="Failed", init_statuses=[guard])]
+
+
+@pytest.fixture
+def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Runs:
+    return Runs(tmp_path, monkeypatch)
+
+
+def the_gcj(**spec: Any) -> dict[str, Any]:
+    body = k.gcj_body(created=CREATED)
+    for key, value in spec.items():
+        body = put(body, f"spec.{key}", value)
+    return body
+
+
+def live_cronjob(gcj: dict[str, Any], last_schedule: datetime | None = None) -> dict[str, Any]:
+    cronjob = build_cronjob(parse_guarded_cronjob(gcj), DEFAULT_SETTINGS)
+    cronjob["metadata"] |= {"uid": k.CRONJOB_UID, "creationTimestamp": k.ts(CREATED + timedelta(seconds=1))}
+    cronjob["status"] = {"lastScheduleTime": k.ts(last_schedule)} if last_schedule else {}
+    return cronjob
+
+
+def compute(runs_now: list[Run], previous: dict[str, Any] | None, now: datetime, *,
+            gcj: dict[str, Any] | None = None, cronjob: dict[str, Any] | None | str = "live",
+            apply_error: str | None = None) -> dict[str, Any]:
+    gcj = gcj or the_gcj()
+    parsed: ParsedSpec | None
+    try:
+        parsed, problems = parse_guarded_cronjob(gcj), ()
+    except SpecError as exc:
+        parsed, problems = None, exc.problems
+    live = live_cronjob(gcj) if cronjob == "live" and parsed is not None else None
+    status = compute_status(
+        gcj=gcj, parsed=parsed, spec_problems=problems,
+        cronjob=live if cronjob == "live" else cronjob,  # type: ignore[arg-type]
+        jobs=[job for job, _ in runs_now], pods_by_job={job["metadata"]["name"]: pods for job, pods in runs_now},
+        previous_status=previous, now=now, apply_error=apply_error,
+    )
+    return k.json_roundtrip(status)  # as stored and read back
+
+
+def condition(status: dict[str, Any], kind: str) -> tuple[str, str]:
+    found = get_condition(status["conditions"], kind)
+    assert found is not None, kind
+    return found["status"], found["reason"]
+
+
+def test_a_first_pass_over_a_healthy_guardedcronjob(runs: Runs) -> None:
+    now = slot(20) + timedelta(minutes=20)
+    status = compute([runs.succeeded(slot(19), 5), runs.succeeded(slot(20), 6)], None, now)
+    newest = f"{k.CRONJOB}-{k.minute_of(slot(20))}"
+    assert status["observedGeneration"] == 1
+    assert status["cronJobRef"] == {"name": k.CRONJOB}
+    assert status["nextScheduleTime"] == "2025-05-21T00:30:00Z"
+    assert status["lastScheduleTime"] == "2025-05-20T00:30:00Z"
+    assert status["lastSuccessfulTime"] == "2025-05-20T00:40:00Z"
+    assert status["lastRun"]["job"] == newest and status["lastRun"]["fence"] == 6
+    assert [r["job"] for r in status["recentRuns"]] == [newest, f"{k.CRONJOB}-{k.minute_of(slot(19))}"]
+    assert status["runCounts"] == {"succeeded": 2, "failed": 0, "skipped": 0, "timedOut": 0, "lost": 0,
+                                   "guardError": 0}
+    assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
+        ("Ready", "True", "CronJobReady"), ("Invalid", "False", "SpecValid"), ("Stalled", "False", "Applied"),
+        ("MissedRun", "False", "NoMissedRun"), ("Overlap", "False", "NoOverlap"),
+        ("Degraded", "False", "GuardHealthy")]
+    assert all(c["observedGeneration"] == 1 and c["lastTransitionTime"] == k.ts(now) for c in status["conditions"])
+
+
+def test_an_idle_recompute_changes_nothing(runs: Runs) -> None:
+    world = [runs.succeeded(slot(19), 5), runs.skipped(slot(20), 9), runs.running(slot(21), 7)]
+    now = slot(21) + timedelta(minutes=1)
+    first = compute(world, None, now)
+    for later in (now + timedelta(seconds=10), now + timedelta(hours=3)):
+        again = compute(world, first, later)
+        assert again == first
+        assert not status_changed(first, again)
+        assert status_patch(first, again) == {}
+
+
+def test_next_schedule_time_moves_when_the_schedule_does_and_across_dst(runs: Runs) -> None:
+    before = compute([], None, datetime(2025, 3, 29, 12, 0, tzinfo=UTC))
+    assert before["nextScheduleTime"] == "2025-03-31T00:30:00Z"  # no 02:30 on 30 March
+    after = compute([], before, datetime(2025, 3, 31, 0, 30, tzinfo=UTC))
+    assert after["nextScheduleTime"] == "2025-04-01T00:30:00Z"
+    assert status_changed(before, after)
+    suspended = compute([], after, datetime(2025, 3, 31, 1, 0, tzinfo=UTC), gcj=the_gcj(suspend=True))
+    assert "nextScheduleTime" not in suspended
+    assert status_patch(after, suspended)["nextScheduleTime"] is None
+    assert condition(suspended, "MissedRun") == ("False", "Suspended")
+
+
+def test_history_is_bounded_newest_first_and_outlives_the_jobs(runs: Runs) -> None:
+    all_runs = [runs.succeeded(slot(day), day) for day in range(1, 16)]
+    now = slot(15) + timedelta(minutes=30)
+    first = compute(all_runs, None, now)
+    assert [r["fence"] for r in first["recentRuns"]] == list(range(15, 5, -1))
+    # The CronJob's history limit deleted all but 3 Jobs; the records stay.
+    second = compute(all_runs[-3:], first, now + timedelta(minutes=1))
+    assert second["recentRuns"] == first["recentRuns"]
+    assert not status_changed(first, second)
+    # A smaller limit trims at once.
+    third = compute(all_runs[-3:], second, now + timedelta(minutes=2), gcj=the_gcj(recentRunsLimit=4))
+    assert [r["fence"] for r in third["recentRuns"]] == [15, 14, 13, 12]
+    assert third["lastRun"] == third["recentRuns"][0]
+
+
+def test_run_counts_count_each_run_once_across_passes_and_deletions(runs: Runs) -> None:
+    now = slot(12) + timedelta(minutes=5)
+    world = [runs.succeeded(slot(10), 1), runs.guard_error(slot(11)), runs.running(slot(12), 2)]
+    first = compute(world, None, now)
+    assert first["runCounts"] == {"succeeded": 1, "failed": 0, "skipped": 0, "timedOut": 0, "lost": 0,
+                                  "guardError": 1}
+    again = compute(world, first, now + timedelta(seconds=5))
+    assert again["runCounts"] == first["runCounts"]
+    world[2] = runs.succeeded(slot(12), 2)
+    finished = compute(world, again, now + timedelta(minutes=10))
+    assert finished["runCounts"]["succeeded"] == 2
+    deleted = compute([world[2]], finished, now + timedelta(minutes=11))
+    assert deleted["runCounts"] == finished["runCounts"]
+
+
+def test_with_no_history_kept_last_run_still_remembers_and_counts_once(runs: Runs) -> None:
+    """recentRunsLimit 0: lastRun is the only memory. Runs seen through their life (the
+    normal case, one pass per change) are each counted once; see docs/design.md."""
+    gcj = the_gcj(recentRunsLimit=0)
+    now = slot(12) + timedelta(minutes=30)
+    status: dict[str, Any] | None = None
+    steps = [
+        [runs.running(slot(11), 1)],
+        [runs.succeeded(slot(11), 1)],
+        [runs.succeeded(slot(11), 1), runs.running(slot(12), 2)],
+        [runs.succeeded(slot(11), 1), runs.succeeded(slot(12), 2)],
+        [runs.succeeded(slot(11), 1), runs.succeeded(slot(12), 2)],
+        [runs.succeeded(slot(12), 2)],
+    ]
+    for number, world in enumerate(steps):
+        status = compute(world, status, now + timedelta(minutes=number), gcj=gcj)
+        assert status["recentRuns"] == []
+    assert status is not None
+    assert status["lastRun"]["fence"] == 2 and status["runCounts"]["succeeded"] == 2
+
+
+def test_a_final_record_never_changes_even_when_the_pod_is_gone(runs: Runs) -> None:
+    job, pods = runs.succeeded(slot(10), 4)
+    now = slot(10) + timedelta(minutes=30)
+    first = compute([(job, pods)], None, now)
+    second = compute([(job, [])], first, now + timedelta(minutes=1))
+    assert second["recentRuns"] == first["recentRuns"] and second["lastRun"]["fence"] == 4
+
+
+def test_a_running_job_deleted_before_its_end_is_closed_as_failed(runs: Runs) -> None:
+    now = slot(10) + timedelta(minutes=3)
+    first = compute([runs.running(slot(10), 4)], None, now)
+    gone = compute([], first, now + timedelta(minutes=1))
+    run = gone["lastRun"]
+    assert run["outcome"] == "Failed" and run["finishedAt"] == k.ts(now + timedelta(minutes=1))
+    assert run["reason"].startswith("Job deleted before it finished (last seen Running")
+    assert gone["runCounts"]["failed"] == 1
+
+
+def test_ready_follows_the_cronjob(runs: Runs) -> None:
+    gcj = the_gcj()
+    now = slot(10)
+    assert condition(compute([], None, now, cronjob=None), "Ready") == ("False", "CronJobMissing")
+    drifted = live_cronjob(gcj)
+    drifted["spec"]["schedule"] = "0 3 * * *"
+    status = compute([], None, now, cronjob=drifted)
+    assert condition(status, "Ready") == ("False", "CronJobOutOfDate")
+    assert "spec.schedule is '0 3 * * *', expected '30 2 * * *'" in status["conditions"][0]["message"]
+    stranger = live_cronjob(gcj)
+    stranger["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    assert condition(compute([], None, now, cronjob=stranger), "Ready") == ("False", "CronJobOutOfDate")
+    unguarded = live_cronjob(gcj)
+    del unguarded["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"]
+    assert condition(compute([], None, now, cronjob=unguarded), "Ready") == ("False", "CronJobOutOfDate")
+
+
+def test_a_refused_apply_is_stalled_and_not_ready() -> None:
+    status = compute([], None, slot(10), cronjob=None,
+                     apply_error='CronJob.batch "nightly-invoices" is invalid: spec.jobTemplate: Invalid value')
+    assert condition(status, "Stalled") == ("True", "CronJobRejected")
+    assert condition(status, "Ready") == ("False", "CronJobRejected")
+    assert "spec.jobTemplate: Invalid value" in (get_condition(status["conditions"], "Stalled") or {})["message"]
+
+
+def test_an_invalid_spec_is_reported_and_runs_are_still_tracked(runs: Runs) -> None:
+    gcj = the_gcj(schedule="61 * * * *")
+    now = slot(10) + timedelta(minutes=20)
+    status = compute([runs.succeeded(slot(10), 3)], None, now, gcj=gcj)
+    assert condition(status, "Invalid") == ("True", "SpecInvalid")
+    assert (get_condition(status["conditions"], "Invalid") or {})["message"].startswith("spec.schedule: ")
+    assert condition(status, "Ready") == ("False", "SpecInvalid")
+    assert condition(status, "MissedRun") == ("Unknown", "SpecInvalid")
+    assert "nextScheduleTime" not in status and status["lastRun"]["fence"] == 3
+
+
+def test_conditions_keep_their_transition_time_and_follow_the_generation(runs: Runs) -> None:
+    now = slot(10)
+    first = compute([], None, now)
+    gcj = the_gcj()
+    gcj["metadata"]["generation"] = 2
+    second = compute([], first, now + timedelta(hours=1), gcj=gcj)
+    assert second["observedGeneration"] == 2
+    assert all(c["observedGeneration"] == 2 and c["lastTransitionTime"] == k.ts(now)
+               for c in second["conditions"])
+
+
+def test_missed_run_condition(runs: Runs) -> None:
+    now = slot(11) + timedelta(minutes=11)
+    status = compute([runs.succeeded(slot(10), 3)], None, now)
+    assert condition(status, "MissedRun") == ("True", "SlotMissed")
+    message = (get_condition(status["conditions"], "MissedRun") or {})["message"]
+    assert message == (f"no run for the slot at 2025-05-11T00:30:00Z (Job {k.CRONJOB}-{k.minute_of(slot(11))} "
+                       "was never created); it was due by 2025-05-11T00:41:00Z")
+    caught_up = compute([runs.succeeded(slot(10), 3), runs.running(slot(11), 4)], status,
+                        now + timedelta(minutes=1))
+    assert condition(caught_up, "MissedRun") == ("False", "NoMissedRun")
+
+
+def test_overlap_condition_from_two_running_runs(runs: Runs) -> None:
+    now = slot(10) + timedelta(minutes=5)
+    status = compute([runs.running(slot(10), 4), runs.running(slot(10) + timedelta(minutes=2), 5, manual=True)],
+                     None, now)
+    assert condition(status, "Overlap") == ("True", "RunsOverlapped")
+    assert (get_condition(status["conditions"], "Overlap") or {})["message"] == (
+        f"run {k.CRONJOB}-manual-5 (fence 5) started while run {k.CRONJOB}-{k.minute_of(slot(10))} "
+        "(fence 4) was still active")
+
+
+def test_degraded_after_three_guard_errors_in_a_row(runs: Runs) -> None:
+    now = slot(14) + timedelta(minutes=20)
+    two = compute([runs.succeeded(slot(10), 1), runs.guard_error(slot(11)), runs.guard_error(slot(12))],
+                  None, now)
+    assert condition(two, "Degraded") == ("False", "GuardHealthy")
+    three = compute([runs.guard_error(slot(13))], two, now)
+    assert condition(three, "Degraded") == ("True", "RepeatedGuardErrors")
+    assert (get_condition(three["conditions"], "Degraded") or {})["message"].startswith(
+        "the last 3 runs could not reach a decision; latest: guard exited 69 (database unreachable)")
+    healed = compute([runs.succeeded(slot(14), 2)], three, now)
+    assert condition(healed, "Degraded") == ("False", "GuardHealthy")
+
+
+def test_last_schedule_time_from_the_cronjob_when_newer(runs: Runs) -> None:
+    gcj = the_gcj()
+    now = slot(12) + timedelta(minutes=20)
+    status = compute([runs.succeeded(slot(10), 1)], None, now, cronjob=live_cronjob(gcj, slot(12)))
+    assert status["lastScheduleTime"] == k.ts(slot(12))
+    # It never goes back, even when the CronJob is recreated without status.
+    later = compute([runs.succeeded(slot(10), 1)], status, now, cronjob=live_cronjob(gcj))
+    assert later["lastScheduleTime"] == k.ts(slot(12))
+
+
+def test_status_patch_nulls_fields_that_went_away() -> None:
+    old = {"lastRun": {"job": "a", "fence": 3, "holder": "h"}, "nextScheduleTime": "x", "kopf": {"progress": {}}}
+    new = {"lastRun": {"job": "b", "holder": "h"}}
+    assert status_patch(old, new) == {"lastRun": {"job": "b", "fence": None}, "nextScheduleTime": None}
+    assert status_changed(old, copy.deepcopy(old)) is False
+    assert status_changed({"kopf": 1}, {}) is False  # keys compute_status does not own
