@@ -83,8 +83,9 @@ def job(
     if slot_time is not None:
         # The controller writes the slot in the CronJob's time zone (RFC 3339 with offset).
         local = slot_time.astimezone(UTC) + zone_offset
-        offset = int(zone_offset.total_seconds() // 60)
-        suffix = "Z" if offset == 0 else f"{'+' if offset > 0 else '-'}{abs(offset) // 60:02d}:{abs(offset) % 60:02d}"
+        minutes = int(zone_offset.total_seconds() // 60)
+        sign, size = ("+" if minutes > 0 else "-"), abs(minutes)
+        suffix = "Z" if minutes == 0 else f"{sign}{size // 60:02d}:{size % 60:02d}"
         annotations[contract.ANNOTATION_SCHEDULED_TIMESTAMP] = local.strftime("%Y-%m-%dT%H:%M:%S") + suffix
     if manual_annotation == "kubectl":
         annotations["cronjob.kubernetes.io/instantiate"] = "manual"

@@ -36,7 +36,8 @@ def test_the_input_is_not_changed() -> None:
     original = [{"type": "Ready", "status": "False", "reason": "X", "message": "",
                  "observedGeneration": 1, "lastTransitionTime": "2025-01-10T08:00:00Z"}]
     snapshot = [dict(c) for c in original]
-    set_condition(original, type="Ready", status="True", reason="Y", message="", observed_generation=2, now=T2)
+    set_condition(original, type="Ready", status="True", reason="Y", message="", observed_generation=2,
+                  now=T2)
     assert original == snapshot
 
 

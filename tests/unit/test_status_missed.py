@@ -80,7 +80,8 @@ CASES = [
 
 
 @pytest.mark.parametrize(("schedule", "zone", "now", "ran", "expected"), CASES)
-def test_missed_runs_table(schedule: str, zone: str | None, now: str, ran: list[str], expected: str | None) -> None:
+def test_missed_runs_table(schedule: str, zone: str | None, now: str, ran: list[str],
+                           expected: str | None) -> None:
     spec = parsed(schedule, zone)
     got = find_missed_run(spec, jobs=[record(z(s)) for s in ran], last_schedule_time=None,
                           created_at=LONG_AGO, now=z(now))
@@ -91,7 +92,8 @@ def test_live_job_objects_count_by_name_or_by_annotation() -> None:
     spec = parsed("30 2 * * *", "Europe/Stockholm")
     slot, now = z("2025-03-31T00:30:00"), z("2025-03-31T00:41:00")
     by_name = k.job(slot_time=slot, created=slot, zone_offset=timedelta(hours=2))
-    assert find_missed_run(spec, jobs=[by_name], last_schedule_time=None, created_at=LONG_AGO, now=now) is None
+    assert find_missed_run(spec, jobs=[by_name], last_schedule_time=None, created_at=LONG_AGO,
+                           now=now) is None
     by_annotation = k.job(slot_time=slot, created=slot, zone_offset=timedelta(hours=2), name="renamed")
     assert find_missed_run(spec, jobs=[by_annotation], last_schedule_time=None, created_at=LONG_AGO,
                            now=now) is None
@@ -100,7 +102,8 @@ def test_live_job_objects_count_by_name_or_by_annotation() -> None:
 def test_manual_runs_fill_no_slot() -> None:
     spec = parsed("30 2 * * *", "Europe/Stockholm")
     slot, now = z("2025-03-31T00:30:00"), z("2025-03-31T00:41:00")
-    manual_job = k.job(slot_time=slot, created=slot, zone_offset=timedelta(hours=2), manual_annotation="kubectl")
+    manual_job = k.job(slot_time=slot, created=slot, zone_offset=timedelta(hours=2),
+                       manual_annotation="kubectl")
     for jobs in ([record(slot, manual=True)], [manual_job]):
         assert find_missed_run(spec, jobs=jobs, last_schedule_time=None, created_at=LONG_AGO,
                                now=now) == missed(spec, slot)

@@ -303,7 +303,8 @@ def _lost(base: _Facts, keeper: KeeperReport, job: Mapping[str, Any], terminal: 
     if keeper.reason:
         reason = f"lease lost: {keeper.reason}"
     else:
-        reason = f"lease lost: keeper exited {contract.EXIT_LEASE_LOST} ({keeper.problem or 'no reason given'})"
+        why = keeper.problem or "no reason given"
+        reason = f"lease lost: keeper exited {contract.EXIT_LEASE_LOST} ({why})"
     if terminal is None:
         return base.record(Outcome.LOST, reason + "; workload still running", **fields)
     outcome, result = _terminal_outcome(job, terminal, pod)
