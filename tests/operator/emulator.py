@@ -47,7 +47,7 @@ WRITE_METHODS = ("POST", "PATCH", "PUT", "DELETE")
 Validator = Callable[[Mapping[str, Any]], str | None]
 
 
-class GuardedEmulator(k8s.KubernetesEmulator):  # type: ignore[misc]
+class GuardedEmulator(k8s.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.validators: list[Validator] = []
@@ -80,7 +80,7 @@ class GuardedEmulator(k8s.KubernetesEmulator):  # type: ignore[misc]
         return await super()._handle(request)
 
     async def _serve_list(self, request: rendering.Request) -> Any:
-        result = await super()._serve_list(request)
+        result: dict[str, Any] = await super()._serve_list(request)  # type: ignore[assignment]
         selector = request.params.get("labelSelector")
         if selector:
             result["items"] = [item for item in result["items"] if _selected(item, selector)]
@@ -103,7 +103,7 @@ class GuardedEmulator(k8s.KubernetesEmulator):  # type: ignore[misc]
                 del data[key]
         else:
             data.pop("status", None)
-        key = (request.resource, request.namespace, request.name)
+        key = _object_key(request)
         if key not in self.objects or self.objects[key].deleted:
             return  # kmock answers 404
         live = self.objects[key].raw
@@ -125,7 +125,7 @@ class GuardedEmulator(k8s.KubernetesEmulator):  # type: ignore[misc]
             message = validate(applied)
             if message is not None:
                 raise k8s.KubernetesError(status=422, reason="Invalid", message=message)
-        key = (request.resource, request.namespace, request.name)
+        key = _object_key(request)
         async with self._lock:
             exists = key in self.objects and not self.objects[key].deleted
             if not exists:
@@ -153,8 +153,13 @@ class GuardedEmulator(k8s.KubernetesEmulator):  # type: ignore[misc]
                 self.objects[key].history.append(merged)
                 event_type = "MODIFIED"
             raw = self.objects[key].raw
-            await self._buses[request.resource].put({"type": event_type, "object": raw})
+            await self._buses[key[0]].put({"type": event_type, "object": raw})
         return aiohttp.web.json_response(raw)
+
+
+def _object_key(request: rendering.Request) -> tuple[kmock.resource, str | None, str]:
+    assert request.resource is not None and request.name is not None
+    return request.resource, request.namespace, request.name
 
 
 def _managed_entry(manager: str, applied: Mapping[str, Any]) -> dict[str, Any]:

@@ -72,7 +72,8 @@ async def test_create_applies_the_guarded_cronjob_with_owner_reference_and_write
     assert (spec["schedule"], spec["timeZone"], spec["concurrencyPolicy"], spec["suspend"],
             spec["startingDeadlineSeconds"]) == ("30 2 * * *", "Europe/Stockholm", "Forbid", False, 600)
     job = spec["jobTemplate"]["spec"]
-    assert (job["backoffLimit"], job["activeDeadlineSeconds"], job["podReplacementPolicy"]) == (0, 3600, "Failed")
+    assert (job["backoffLimit"], job["activeDeadlineSeconds"], job["podReplacementPolicy"]) == \
+        (0, 3600, "Failed")
     assert [r["onExitCodes"]["values"] for r in job["podFailurePolicy"]["rules"]] == [[75], [64, 69, 78]]
     pod = job["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
@@ -128,7 +129,8 @@ async def test_schedule_change_updates_the_cronjob_and_keeps_unchanged_transitio
     assert ready["lastTransitionTime"] == ready_before["lastTransitionTime"]  # still True: kept
 
 
-async def test_a_field_no_longer_set_is_removed_from_the_cronjob(api: GuardedEmulator, client: KubeClient) -> None:
+async def test_a_field_no_longer_set_is_removed_from_the_cronjob(
+        api: GuardedEmulator, client: KubeClient) -> None:
     await create_gcj(client, base_gcj())
     await one_pass(client, NS, NAME, now=T0)
     await client.merge_patch(GUARDED_CRONJOBS, NS, NAME, {"spec": {"timeZone": None}})
@@ -270,7 +272,8 @@ async def test_an_invalid_spec_leaves_the_existing_cronjob_as_it_was(
     assert condition(gcj(api), "Invalid")["status"] == "True"
 
 
-async def test_the_api_servers_refusal_is_shown_in_its_own_words(api: GuardedEmulator, client: KubeClient) -> None:
+async def test_the_api_servers_refusal_is_shown_in_its_own_words(
+        api: GuardedEmulator, client: KubeClient) -> None:
     # What kube-apiserver says of a container without an image (validation of the pod template).
     refusal = ('CronJob.batch "nightly-invoices" is invalid: '
                'spec.jobTemplate.spec.template.spec.containers[0].image: Required value')
