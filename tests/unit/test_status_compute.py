@@ -9,108 +9,14 @@ from typing import Any
 
 import pytest
 
-from guardedcron import contract
-from guardedcron.builders import build_cronjob
-from guardedcron.spec import ParsedSpec, SpecError, parse_guarded_cronjob
-from guardedcron.status import compute_status, get_condition, status_changed, status_patch
+from guardedcron.status import get_condition, status_changed, status_patch
 from tests.unit import status_objects as k
-from tests.unit.gcj_fixtures import DEFAULT_SETTINGS, put
-
-CREATED = datetime(2025, 5, 1, tzinfo=UTC)
-CEST = timedelta(hours=2)
-Run = tuple[dict[str, Any], list[dict[str, Any]]]
-
-
-def slot(day: int, month: int = 5) -> datetime:
-    """02:30 in Stockholm (CEST) on that day of 2025."""
-    return datetime(2025, month, day, 0, 30, tzinfo=UTC)
-
-
-class Runs:
-    """Jobs with their pods, one per scheduled slot, in each outcome."""
-
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        self._tmp, self._mp = tmp_path, monkeypatch
-
-    def _message(self, summary: dict[str, Any]) -> str:
-        return k.guard_message(summary, self._tmp, self._mp)
-
-    def _guard(self, exit_code: int, at: datetime, summary: dict[str, Any]) -> dict[str, Any]:
-        return k.container_status(contract.GUARD_CONTAINER, state={"terminated": k.terminated(
-            exit_code, at + timedelta(seconds=2), at + timedelta(seconds=4), self._message(summary))})
-
-    def running(self, at: datetime, fence: int, *, manual: bool = False) -> Run:
-        job = k.job(slot_time=None if manual else at, created=at, zone_offset=CEST, started=at, active=1,
-                    manual_annotation="trigger" if manual else None,
-                    name=f"{k.CRONJOB}-manual-{fence}" if manual else None)
-        slot_minute = None if manual else k.minute_of(at)
-        guard = self._guard(0, at, k.acquired_summary(k.holder_of(job), fence, slot_minute))
-        pod = k.pod(job, created=at, phase="Running", init_statuses=[guard], statuses=[
-            k.container_status("task", state={"running": {"startedAt": k.ts(at + timedelta(seconds=5))}})])
-        return job, [pod]
-
-    def succeeded(self, at: datetime, fence: int, minutes: int = 10) -> Run:
-        end = at + timedelta(minutes=minutes)
-        job = k.job(slot_time=at, created=at, zone_offset=CEST, started=at,
-                    conditions=k.complete_conditions(end), completion=end, counts={"succeeded": 1})
-        guard = self._guard(0, at, k.acquired_summary(k.holder_of(job), fence, k.minute_of(at)))
-        pod = k.pod(job, created=at, phase="Succeeded", init_statuses=[guard], statuses=[
-            k.container_status("task", state={"terminated": k.terminated(0, at, end)})])
-        return job, [pod]
-
-    def guard_error(self, at: datetime) -> Run:
-        end = at + timedelta(seconds=9)
-        job = k.job(slot_time=at, created=at, zone_offset=CEST, started=at, conditions=k.failed_conditions(
-            "PodFailurePolicy", k.rule_message(f"{k.CRONJOB}-{k.minute_of(at)}-q7xkz", 69, 1), end))
-        guard = self._guard(69, at, k.error_summary("billing/p", 69, "cannot reach the database"))
-        return job, [k.pod(job, created=at, phase="Failed", init_statuses=[guard])]
-
-    def skipped(self, at: datetime, fence: int) -> Run:
-        end = at + timedelta(seconds=9)
-        job = k.job(slot_time=at, created=at, zone_offset=CEST, started=at, conditions=k.failed_conditions(
-            "PodFailurePolicy", k.rule_message(f"{k.CRONJOB}-{k.minute_of(at)}-q7xkz", 75, 0), end))
-        summary = k.skipped_summary(k.holder_of(job), "eu-2/billing/x", fence, k.minute_of(at))
-        guard = self._guard(75, at, summary)
-        return job, [k.pod(job, created=at, phase="Failed", init_statuses=[guard])]
+from tests.unit.status_world import Runs, compute, live_cronjob, slot, the_gcj
 
 
 @pytest.fixture
 def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Runs:
     return Runs(tmp_path, monkeypatch)
-
-
-def the_gcj(**spec: Any) -> dict[str, Any]:
-    body = k.gcj_body(created=CREATED)
-    for key, value in spec.items():
-        body = put(body, f"spec.{key}", value)
-    return body
-
-
-def live_cronjob(gcj: dict[str, Any], last_schedule: datetime | None = None) -> dict[str, Any]:
-    cronjob = build_cronjob(parse_guarded_cronjob(gcj), DEFAULT_SETTINGS)
-    cronjob["metadata"] |= {"uid": k.CRONJOB_UID, "creationTimestamp": k.ts(CREATED + timedelta(seconds=1))}
-    cronjob["status"] = {"lastScheduleTime": k.ts(last_schedule)} if last_schedule else {}
-    return cronjob
-
-
-def compute(runs_now: list[Run], previous: dict[str, Any] | None, now: datetime, *,
-            gcj: dict[str, Any] | None = None, cronjob: dict[str, Any] | str | None = "live",
-            apply_error: str | None = None) -> dict[str, Any]:
-    gcj = gcj or the_gcj()
-    parsed: ParsedSpec | None
-    try:
-        parsed, problems = parse_guarded_cronjob(gcj), ()
-    except SpecError as exc:
-        parsed, problems = None, exc.problems
-    live = live_cronjob(gcj) if cronjob == "live" and parsed is not None else None
-    status = compute_status(
-        gcj=gcj, parsed=parsed, spec_problems=problems,
-        cronjob=live if cronjob == "live" else cronjob,  # type: ignore[arg-type]
-        jobs=[job for job, _ in runs_now],
-        pods_by_job={job["metadata"]["name"]: pods for job, pods in runs_now},
-        previous_status=previous, now=now, apply_error=apply_error,
-    )
-    return k.json_roundtrip(status)  # as stored and read back
 
 
 def condition(status: dict[str, Any], kind: str) -> tuple[str, str]:

@@ -1,0 +1,144 @@
+"""Metrics, scraped from the real /metrics endpoint after real status passes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from guardedcron.observability import (
+    Metrics,
+    create_metrics,
+    forget,
+    reconcile_timer,
+    record_status_change,
+    start_metrics_server,
+)
+from guardedcron.spec import parse_guarded_cronjob
+from guardedcron.status import EventReason, schedule_period_seconds
+from tests.unit import status_objects as k
+from tests.unit.status_world import Run, Runs, compute, slot, the_gcj
+
+GCJ = the_gcj(created=slot(10) - timedelta(minutes=1))
+LABELS = {"namespace": "billing", "name": k.CRONJOB}
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture
+def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Runs:
+    return Runs(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Metrics, str]]:
+    metrics = create_metrics()
+    server = await start_metrics_server(0, metrics.registry, host="127.0.0.1")
+    try:
+        yield metrics, f"http://127.0.0.1:{server.port}/metrics"
+    finally:
+        await server.stop()
+
+
+async def scrape(url: str) -> Samples:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = await response.text()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: Samples, metric: str, **labels: str) -> float | None:
+    return samples.get((metric, tuple(sorted(labels.items()))))
+
+
+class Operator:
+    """What the handlers do after each pass: record the change, keep the status."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.status: dict[str, Any] | None = None
+        self.now = slot(10)
+        self.parsed = parse_guarded_cronjob(GCJ)
+
+    def step(self, world: list[Run], minutes: float = 1) -> list[EventReason]:
+        self.now += timedelta(minutes=minutes)
+        with reconcile_timer(self.metrics, **LABELS):
+            new = compute(world, self.status, self.now, gcj=GCJ)
+        events = record_status_change(self.metrics, **LABELS, old_status=self.status, new_status=new,
+                                      schedule_period_seconds=schedule_period_seconds(self.parsed, self.now))
+        self.status = new
+        return [e.reason for e in events]
+
+
+async def test_metrics_follow_transitions_and_ignore_resyncs(served: tuple[Metrics, str], runs: Runs) -> None:
+    metrics, url = served
+    op = Operator(metrics)
+    op.step([runs.running(slot(10), 1)])
+    op.step([runs.succeeded(slot(10), 1, minutes=10)], minutes=15)
+    for _ in range(3):  # idle resyncs
+        assert op.step([runs.succeeded(slot(10), 1, minutes=10)]) == []
+    op.step([runs.succeeded(slot(10), 1, minutes=10), runs.skipped(slot(11), 7)], minutes=24 * 60)
+    op.step([runs.succeeded(slot(10), 1, minutes=10), runs.skipped(slot(11), 7), runs.guard_error(slot(12))],
+            minutes=24 * 60)
+    # 13 May: no Job at all, so a missed run once its deadline passed
+    assert EventReason.MISSED_RUN in op.step([], minutes=24 * 60 + 20)
+    op.step([], minutes=5)
+
+    samples = await scrape(url)
+    runs_total = "guardedcron_runs_total"
+    assert value(samples, runs_total, **LABELS, outcome="succeeded") == 1
+    assert value(samples, runs_total, **LABELS, outcome="skipped") == 1
+    assert value(samples, runs_total, **LABELS, outcome="guard_error") == 1
+    assert value(samples, runs_total, **LABELS, outcome="failed") is None
+    assert value(samples, "guardedcron_missed_runs_total", **LABELS) == 1
+    assert value(samples, "guardedcron_overlaps_total", **LABELS) is None
+    success_end = slot(10) + timedelta(minutes=10)
+    assert value(samples, "guardedcron_last_success_timestamp_seconds", **LABELS) == success_end.timestamp()
+    assert value(samples, "guardedcron_schedule_period_seconds", **LABELS) == 86400
+    # The successful run lasted from the lease won (guard exit, 4 s in) to the Job's end.
+    duration = "guardedcron_run_duration_seconds"
+    assert value(samples, f"{duration}_count", **LABELS, outcome="succeeded") == 1
+    assert value(samples, f"{duration}_sum", **LABELS, outcome="succeeded") == 600 - 4
+    assert value(samples, f"{duration}_bucket", **LABELS, outcome="succeeded", le="600.0") == 1
+    assert value(samples, f"{duration}_bucket", **LABELS, outcome="succeeded", le="300.0") == 0
+    assert value(samples, "guardedcron_reconcile_duration_seconds_count") == 9
+    assert value(samples, "guardedcron_reconcile_errors_total", **LABELS) is None
+
+
+async def test_overlap_and_reconcile_errors(served: tuple[Metrics, str], runs: Runs) -> None:
+    metrics, url = served
+    op = Operator(metrics)
+    both = [runs.running(slot(10), 4), runs.running(slot(10) + timedelta(minutes=1), 5, manual=True)]
+    op.step(both)
+    op.step(both)
+    with pytest.raises(RuntimeError), reconcile_timer(metrics, **LABELS):
+        raise RuntimeError("API server went away")
+    samples = await scrape(url)
+    assert value(samples, "guardedcron_overlaps_total", **LABELS) == 1
+    assert value(samples, "guardedcron_reconcile_errors_total", **LABELS) == 1
+    assert value(samples, "guardedcron_reconcile_duration_seconds_count") == 3
+
+
+async def test_a_deleted_guardedcronjob_stops_being_exported(served: tuple[Metrics, str], runs: Runs) -> None:
+    metrics, url = served
+    op = Operator(metrics)
+    op.step([runs.succeeded(slot(10), 1)], minutes=15)
+    assert value(await scrape(url), "guardedcron_runs_total", **LABELS, outcome="succeeded") == 1
+    forget(metrics, **LABELS)
+    forget(metrics, **LABELS)  # twice is fine
+    samples = await scrape(url)
+    assert not [key for key in samples if ("name", k.CRONJOB) in key[1]]
+
+
+async def test_registries_are_separate() -> None:
+    first, second = create_metrics(), create_metrics()
+    first.missed_runs.labels("a", "b").inc()
+    labels = {"namespace": "a", "name": "b"}
+    assert first.registry.get_sample_value("guardedcron_missed_runs_total", labels) == 1
+    assert second.registry.get_sample_value("guardedcron_missed_runs_total", labels) is None
