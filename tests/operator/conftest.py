@@ -36,6 +36,12 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
         verbs={"get", "list", "watch"}),
     "v1/events": kmock.ResourceInfo(
         kind="Event", singular="event", namespaced=True, verbs={"create", "patch", "list"}),
+    # Every API server has these; kopf looks for them before it starts its watches.
+    "v1/namespaces": kmock.ResourceInfo(
+        kind="Namespace", singular="namespace", namespaced=False, verbs={"get", "list", "watch"}),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
+        kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False,
+        verbs={"get", "list", "watch"}),
 }
 SETTINGS: OperatorSettings = settings_from_env({})
 # A winter Friday noon: "30 2 * * *" in Europe/Stockholm (UTC+1) fires next at 01:30Z.

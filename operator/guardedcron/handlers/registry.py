@@ -27,53 +27,57 @@ OWNED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}
 RETRY_BACKOFF_SECONDS = 15  # kopf's default (60 s) is long for an API server hiccup
 
 
+def _deleted(*, event: kopf.RawEvent, **_: Any) -> bool:
+    return event.get("type") == "DELETED"
+
+
 def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     client = context.client
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
     async def login(*, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
         return await reconcile.login(client, settings)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(id="configure", registry=registry)
     async def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
         reconcile.configure_kopf(settings, namespaced=bool(context.namespaces))
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(id="close", registry=registry)
     async def close(**_: Any) -> None:
         await client.close()
 
-    @kopf.index(*GCJ, registry=registry)
+    @kopf.index(*GCJ, id="guarded_cronjobs", registry=registry)
     async def guarded_cronjobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
         return observe.index_by_name(body)
 
-    @kopf.index("batch", "v1", "cronjobs", labels=OWNED, registry=registry)
+    @kopf.index("batch", "v1", "cronjobs", id="owned_cronjobs", labels=OWNED, registry=registry)
     async def owned_cronjobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
         # By its own name, the GuardedCronJob's: another CronJob carrying the labels
         # under another name must not stand in for it.
         return observe.index_by_name(body)
 
-    @kopf.index("batch", "v1", "jobs", labels=OWNED, registry=registry)
+    @kopf.index("batch", "v1", "jobs", id="owned_jobs", labels=OWNED, registry=registry)
     async def owned_jobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
         return observe.index_job(body)
 
-    @kopf.index("", "v1", "pods", labels=OWNED, registry=registry)
+    @kopf.index("", "v1", "pods", id="owned_pods", labels=OWNED, registry=registry)
     async def owned_pods(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
         return observe.index_pod(body)
 
-    @kopf.on.resume(*GCJ, registry=registry, backoff=RETRY_BACKOFF_SECONDS)
-    @kopf.on.create(*GCJ, registry=registry, backoff=RETRY_BACKOFF_SECONDS)
-    @kopf.on.update(*GCJ, registry=registry, backoff=RETRY_BACKOFF_SECONDS)
+    @kopf.on.resume(*GCJ, id="reconcile", registry=registry, backoff=RETRY_BACKOFF_SECONDS)
+    @kopf.on.create(*GCJ, id="reconcile", registry=registry, backoff=RETRY_BACKOFF_SECONDS)
+    @kopf.on.update(*GCJ, id="reconcile", registry=registry, backoff=RETRY_BACKOFF_SECONDS)
     async def reconcile_guarded_cronjob(*, body: kopf.Body, logger: kopf.Logger, **kw: Any) -> None:
-        # kopf passes each index as a keyword named after its function.
+        # kopf passes each index as a keyword named after its id.
         await reconcile.reconcile_guarded_cronjob(body, context=context, cronjobs=kw["owned_cronjobs"],
                                                   jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
 
-    @kopf.on.event(*GCJ, registry=registry)
+    @kopf.on.event(*GCJ, id="forget_deleted", registry=registry, when=_deleted)
     async def forget_deleted(*, event: kopf.RawEvent, **_: Any) -> None:
         reconcile.forget_deleted(event, context=context)
 
-    @kopf.on.event("batch", "v1", "cronjobs", labels=OWNED, registry=registry)
+    @kopf.on.event("batch", "v1", "cronjobs", id="repair_cronjob", labels=OWNED, registry=registry)
     async def repair_cronjob(*, event: kopf.RawEvent, logger: kopf.Logger, **kw: Any) -> None:
         await reconcile.repair_cronjob(event, context=context, guarded_cronjobs=kw["guarded_cronjobs"],
                                        jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
