@@ -161,7 +161,7 @@ def test_a_refused_apply_is_stalled_and_not_ready() -> None:
     assert condition(status, "Stalled") == ("True", "CronJobRejected")
     assert condition(status, "Ready") == ("False", "CronJobRejected")
     stalled = get_condition(status["conditions"], "Stalled") or {}
-    assert stalled["message"] == f"the API server refused the CronJob: {refusal}"
+    assert stalled["message"] == f"the CronJob cannot be applied: {refusal}"
 
 
 def test_an_invalid_spec_is_reported_and_runs_are_still_tracked(runs: Runs) -> None:

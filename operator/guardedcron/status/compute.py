@@ -52,7 +52,8 @@ def compute_status(
     - `jobs`: every Job of this GuardedCronJob that exists now (a complete list: a run
       remembered as running whose Job is missing is closed as Failed, outcome unknown).
     - `pods_by_job`: the pods of each Job, by Job name.
-    - `apply_error`: the API server's message when it refused the CronJob, else None.
+    - `apply_error`: why the CronJob cannot be applied (the API server's refusal, or a
+      CronJob of that name that this GuardedCronJob does not control), else None.
     """
     previous = previous_status or {}
     generation = _generation(gcj, parsed)
@@ -150,7 +151,7 @@ def _invalid(problems: list[str]) -> _Condition:
 
 def _stalled(apply_error: str | None, parsed: ParsedSpec | None) -> _Condition:
     if apply_error:
-        return cond.STALLED, "True", "CronJobRejected", f"the API server refused the CronJob: {apply_error}"
+        return cond.STALLED, "True", "CronJobRejected", f"the CronJob cannot be applied: {apply_error}"
     if parsed is None:
         return cond.STALLED, "False", "NotApplied", "nothing applied while the spec is invalid"
     return cond.STALLED, "False", "Applied", "the API server accepted the CronJob"
