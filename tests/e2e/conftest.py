@@ -15,6 +15,8 @@ import pytest
 
 from guardedcron.devenv.binaries import Paths, ensure_binaries
 from guardedcron.devenv.controlplane import ControlPlane
+from guardedcron.devenv.postgres import ThrowawayPostgres
+from tests.e2e.harness import FAILURE_LOGS, Cluster, Scenario, WorkDb
 
 StartControlPlane = Callable[[str], ControlPlane]
 
@@ -47,6 +49,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed and item.get_closest_marker("e2e"):
         for plane in _running:
             report.sections.append((f"control plane {plane.name!r} logs", plane.logs_tail()))
+        for title, source in FAILURE_LOGS:
+            report.sections.append((title, source()))
     return report
 
 
@@ -64,10 +68,14 @@ def kube_binaries() -> Paths:
 def control_plane_factory(
     kube_binaries: Paths, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StartControlPlane]:
-    """Start another control plane by name; all are stopped at the end of the session."""
+    """Start another control plane by name (or get the running one of that name); all are
+    stopped at the end of the session."""
     with ExitStack() as stack:
 
         def start(name: str) -> ControlPlane:
+            for running in _running:
+                if running.name == name:
+                    return running
             plane = ControlPlane(
                 kube_binaries,
                 name=name,
@@ -85,3 +93,49 @@ def control_plane_factory(
 @pytest.fixture(scope="session")
 def control_plane(control_plane_factory: StartControlPlane) -> ControlPlane:
     return control_plane_factory("primary")
+
+
+# --- the guardedcron scenarios: two clusters, one database ---------------------------------
+
+# Cluster names double as GUARDEDCRON_CLUSTER_NAME, the prefix of every lease holder.
+EAST, WEST = "east", "west"
+
+
+@pytest.fixture(scope="session")
+def e2e_db(postgres: ThrowawayPostgres) -> WorkDb:
+    """The one database both clusters' guards and workloads use, migrated."""
+    import psycopg
+
+    from guardedcron.guard.migrations import migrate
+    from tests.e2e.workload import SCHEMA
+
+    dsn = postgres.create_database("e2e")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn)
+        conn.execute(SCHEMA)
+    return WorkDb(dsn)
+
+
+@pytest.fixture(scope="session")
+def clusters(
+    control_plane: ControlPlane, control_plane_factory: StartControlPlane, e2e_db: WorkDb
+) -> dict[str, Cluster]:
+    return {
+        EAST: Cluster(EAST, control_plane, e2e_db.dsn),
+        WEST: Cluster(WEST, control_plane_factory("secondary"), e2e_db.dsn),
+    }
+
+
+@pytest.fixture
+def scenario(
+    request: pytest.FixtureRequest, clusters: dict[str, Cluster], e2e_db: WorkDb
+) -> Iterator[Scenario]:
+    """Namespaces served by process-kubelets, removed after the test; their containers'
+    output goes into the report of a failed test."""
+    with Scenario(clusters, e2e_db, request.node.name) as running:
+        entry = (f"containers of {request.node.name}", running.container_logs)
+        FAILURE_LOGS.append(entry)
+        try:
+            yield running
+        finally:
+            FAILURE_LOGS.remove(entry)

@@ -43,7 +43,8 @@ NODE_NAME = "process-kubelet"
 POLL_SECONDS = 0.3
 MAX_GRACE_SECONDS = 5.0
 TERMINATION_LOG_ENV = "GUARDEDCRON_TERMINATION_LOG"
-_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+# "$$" is an escaped "$"; "$(NAME)" a variable reference (Kubernetes' expansion syntax).
+_VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
 _FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 
 
@@ -284,7 +285,10 @@ class PodRunner:
     def stop(self, run: ContainerRun) -> None:
         if run.process is None or run.process.poll() is not None:
             return
-        grace = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE_SECONDS)
+        grace = min(
+            float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)),
+            self.kubelet.max_grace_seconds,
+        )
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.process.pid, signal.SIGTERM)
         try:
@@ -420,6 +424,7 @@ class ProcessKubelet:
         extra_path: Sequence[str] = (),
         keep_pod_dirs: bool = False,
         report: Callable[[str], None] = print,
+        max_grace_seconds: float = MAX_GRACE_SECONDS,
     ) -> None:
         self.api = api
         self.images = dict(images)
@@ -428,6 +433,8 @@ class ProcessKubelet:
         self.path = os.pathsep.join([*extra_path, os.environ.get("PATH", "/usr/bin:/bin")])
         self.keep_pod_dirs = keep_pod_dirs
         self.report = report
+        # Caps terminationGracePeriodSeconds: short by default so tear-down stays quick.
+        self.max_grace_seconds = max_grace_seconds
         self.workdir = Path(tempfile.mkdtemp(prefix="process-kubelet-"))
         self._runners: dict[str, PodRunner] = {}
         self._stop = threading.Event()
@@ -550,8 +557,15 @@ class ProcessKubelet:
 
 
 def _expand(value: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: defined variables are replaced, others left as written."""
-    return _VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), value)
+    """Kubernetes' $(VAR) expansion: defined variables are replaced, others left as
+    written, and "$$" becomes "$" (how the builders protect literal names)."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(1) == "$":
+            return "$"
+        return env.get(match.group(2), match.group(0))
+
+    return _VAR_REF.sub(replace, value)
 
 
 def _exit_code(returncode: int) -> int:
