@@ -110,6 +110,20 @@ def test_a_failed_user_init_container_is_the_workload_failing(message: Any) -> N
     assert classify_run(job, [pod]).reason == "container migrate exited 137 (OOMKilled)"
 
 
+def test_an_evicted_pod_is_named_when_no_container_failed(message: Any) -> None:
+    job = scheduled_job(conditions=k.failed_conditions(
+        "BackoffLimitExceeded", "Job has reached the specified backoff limit", END))
+    pod = k.pod(job, created=T0, phase="Failed", init_statuses=[acquired_guard(message, job)],
+                statuses=[k.container_status("task", state={"terminated": k.terminated(
+                    0, GUARD_END, END, reason="ContainerStatusUnknown")})])
+    pod["status"] |= {"reason": "Evicted", "message": "The node was low on resource: memory. "}
+    run = classify_run(job, [pod])
+    assert (run.outcome, run.reason) == (Outcome.FAILED, "pod Evicted: The node was low on resource: memory.")
+    del pod["status"]["reason"]
+    assert classify_run(job, [pod]).reason == (
+        "BackoffLimitExceeded: Job has reached the specified backoff limit")
+
+
 def test_skip_because_the_lease_is_held_names_the_holder_and_its_fence(message: Any) -> None:
     job = scheduled_job(conditions=k.failed_conditions(
         "PodFailurePolicy", k.rule_message(k.pod_name(scheduled_job()), 75, 0), END), counts={"failed": 1})

@@ -328,7 +328,7 @@ def _terminal_outcome(job: Mapping[str, Any], terminal: Mapping[str, Any],
             return Outcome.SKIPPED, f"guard exited {match.group(1)} (not acquired); the pod is gone"
         if match and int(match.group(2)) == GUARD_ERROR_RULE_INDEX:
             return Outcome.GUARD_ERROR, f"guard exited {match.group(1)}; the pod is gone"
-    failed = _failed_workload_container(pod)
+    failed = _failed_workload_container(pod) or _pod_failure(pod)
     if failed is not None:
         return Outcome.FAILED, failed
     return Outcome.FAILED, f"{reason or 'Failed'}: {message}" if message else (reason or "Job failed")
@@ -419,6 +419,15 @@ def _failed_workload_container(pod: Mapping[str, Any] | None) -> str | None:
             why = clean_text(ended.get("reason"), 63)
             return f"container {name} exited {code}" + (f" ({why})" if why else "")
     return None
+
+
+def _pod_failure(pod: Mapping[str, Any] | None) -> str | None:
+    """"pod Evicted: The node was low on resource: memory." when the pod as a whole failed."""
+    reason = clean_text(_get(pod, "status", "reason"), 63)
+    if _get(pod, "status", "phase") != "Failed" or reason is None:
+        return None
+    message = clean_text(_get(pod, "status", "message"), REASON_MAX)
+    return f"pod {reason}: {message}" if message else f"pod {reason}"
 
 
 def _cronjob_names(job: Mapping[str, Any]) -> list[str]:
