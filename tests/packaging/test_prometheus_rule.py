@@ -91,3 +91,26 @@ def test_thresholds_come_from_values() -> None:
     assert "> 5 * guardedcron_schedule_period_seconds" in by_name["GuardedCronJobNoRecentSuccess"]["expr"]
     assert "[6h]" in by_name["GuardedCronJobOverlap"]["expr"]
     assert by_name["GuardedCronJobOverlap"]["labels"]["severity"] == "warning"
+
+
+def test_alerts_match_what_the_operator_exports(rules: list[dict[str, Any]]) -> None:
+    """Names, label names and outcome values as the operator's registry has them."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from guardedcron.observability.metrics import OUTCOME_LABELS, create_metrics
+
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry)
+    exported: dict[str, set[str]] = {}
+    for field in vars(metrics).values():
+        if not isinstance(field, Counter | Gauge | Histogram):
+            continue  # the registry itself
+        name = field._name + ("_total" if isinstance(field, Counter) else "")
+        exported[name] = set(field._labelnames)
+    for rule in rules:
+        for selector in selectors(promql_parser.parse(rule["expr"])):
+            assert selector.name in exported, (rule["alert"], selector.name)
+            for matcher in selector.matchers.matchers:
+                assert matcher.name in exported[selector.name]
+                if matcher.name == "outcome":
+                    assert matcher.value in OUTCOME_LABELS.values(), matcher.value
