@@ -69,11 +69,17 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problems: list[Problem] = []
     try:
         options = options_from(os.environ, args)
+    except SettingsError as error:
+        problems.extend(error.problems)
+    try:
         settings = settings_from_env(os.environ)
     except SettingsError as error:
-        for problem in error.problems:
+        problems.extend(error.problems)
+    if problems:
+        for problem in problems:
             print(f"guardedcron operator: {problem}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(options.log_level)
