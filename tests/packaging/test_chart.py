@@ -171,6 +171,13 @@ def test_metrics_service_selects_the_operator_pods() -> None:
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
 
+def test_service_monitor_needs_the_metrics_service() -> None:
+    result = template({"metrics": {"service": {"enabled": False},
+                                   "serviceMonitor": {"enabled": True}}})
+    assert result.code != 0
+    assert "metrics.serviceMonitor.enabled needs metrics.service.enabled" in result.stderr
+
+
 def test_monitoring_objects_are_off_by_default() -> None:
     kinds = {obj["kind"] for obj in render()}
     assert not kinds & {"ServiceMonitor", "PrometheusRule"}
