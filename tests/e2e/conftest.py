@@ -17,6 +17,7 @@ from guardedcron.devenv.binaries import Paths, ensure_binaries
 from guardedcron.devenv.controlplane import ControlPlane
 from guardedcron.devenv.postgres import ThrowawayPostgres
 from tests.e2e.harness import FAILURE_LOGS, Cluster, Scenario, WorkDb
+from tests.e2e.operator_process import OperatorProcess
 
 StartControlPlane = Callable[[str], ControlPlane]
 
@@ -126,16 +127,52 @@ def clusters(
     }
 
 
-@pytest.fixture
-def scenario(
-    request: pytest.FixtureRequest, clusters: dict[str, Cluster], e2e_db: WorkDb
-) -> Iterator[Scenario]:
-    """Namespaces served by process-kubelets, removed after the test; their containers'
-    output goes into the report of a failed test."""
-    with Scenario(clusters, e2e_db, request.node.name) as running:
+def _scenario(request: pytest.FixtureRequest, clusters: dict[str, Cluster], db: WorkDb,
+              guard_images: tuple[str, ...] = ()) -> Iterator[Scenario]:
+    with Scenario(clusters, db, request.node.name, guard_images) as running:
         entry = (f"containers of {request.node.name}", running.container_logs)
         FAILURE_LOGS.append(entry)
         try:
             yield running
         finally:
             FAILURE_LOGS.remove(entry)
+
+
+@pytest.fixture
+def scenario(
+    request: pytest.FixtureRequest, clusters: dict[str, Cluster], e2e_db: WorkDb
+) -> Iterator[Scenario]:
+    """Namespaces served by process-kubelets, removed after the test; their containers'
+    output goes into the report of a failed test."""
+    yield from _scenario(request, clusters, e2e_db)
+
+
+@pytest.fixture(scope="session")
+def operators(
+    clusters: dict[str, Cluster], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, OperatorProcess]]:
+    """The CRDs applied and an operator running in each cluster under the chart's RBAC;
+    their logs go into the report of every failed e2e test from here on."""
+    started: dict[str, OperatorProcess] = {}
+    try:
+        for name, cluster in clusters.items():
+            cluster.apply_crds()
+            process = OperatorProcess(cluster, tmp_path_factory.mktemp(f"operator-{name}"))
+            FAILURE_LOGS.append((f"operator of {name} (log tail)", process.log_tail))
+            started[name] = process
+            process.install()
+            process.start()
+        yield started
+    finally:
+        for process in started.values():
+            process.stop()
+
+
+@pytest.fixture
+def operator_scenario(
+    request: pytest.FixtureRequest, clusters: dict[str, Cluster], e2e_db: WorkDb,
+    operators: dict[str, OperatorProcess],
+) -> Iterator[Scenario]:
+    """A scenario whose kubelets also know the guard image the chart sets."""
+    images = tuple(sorted({p.guard_image for p in operators.values()}))
+    yield from _scenario(request, clusters, e2e_db, images)

@@ -59,11 +59,19 @@ FAILURE_LOGS: list[tuple[str, Callable[[], str]]] = []
 _serial = itertools.count(1)
 
 
-def images() -> dict[str, Image]:
+def images(guard_images: Sequence[str] = ()) -> dict[str, Image]:
+    """The process-kubelet's images: every name the guard may carry (render's default
+    and the chart's), and the workload."""
+    guard = Image(entrypoint=["guardedcron"])
     return {
-        GUARD_IMAGE: Image(entrypoint=["guardedcron"]),
+        **{name: guard for name in (GUARD_IMAGE, *guard_images)},
         WORKLOAD_IMAGE: Image(entrypoint=[sys.executable, str(WORKLOAD_SCRIPT)]),
     }
+
+
+def crd_source() -> Path:
+    """What `kubectl apply -f` gets: the CRD file render uses ($GUARDEDCRON_CRD), else crds/."""
+    return Path(os.environ.get("GUARDEDCRON_CRD") or CRD_DIR)
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout: float = 60.0,
@@ -122,6 +130,30 @@ def guarded_cronjob(name: str, namespace: str, *, schedule: str = "* * * * *",
             **(spec or {}),
         },
     }
+
+
+def first_difference(wanted: Any, live: Any, path: str = "") -> str | None:
+    """Where `live` does not hold `wanted`: mappings may carry more keys (server defaults),
+    lists must match item by item. None when every wanted value is there."""
+    if isinstance(wanted, Mapping):
+        if not isinstance(live, Mapping):
+            return f"{path or '.'}: {live!r} is not a mapping"
+        for key, value in wanted.items():
+            if key not in live:
+                return f"{path}.{key}: missing"
+            found = first_difference(value, live[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(wanted, list):
+        if not isinstance(live, list) or len(live) != len(wanted):
+            return f"{path}: {live!r} is not a list of {len(wanted)} items"
+        for index, (want, have) in enumerate(zip(wanted, live, strict=True)):
+            found = first_difference(want, have, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    return None if wanted == live else f"{path}: {live!r}, expected {wanted!r}"
 
 
 def lock_of(gcj: Mapping[str, Any]) -> str:
@@ -275,6 +307,11 @@ class Cluster:
         text = "\n---\n".join(json.dumps(o) for o in objects)
         self.kubectl("apply", "-f", "-", input=text)
 
+    def apply_crds(self) -> None:
+        self.kubectl("apply", "-f", str(crd_source()))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     f"crd/{contract.PLURAL}.{contract.API_GROUP}")
+
     def create_namespace(self, namespace: str) -> None:
         self.kubectl("create", "namespace", namespace)
         # Pods are refused until the service-account controller has made "default" here.
@@ -329,10 +366,12 @@ class Cluster:
 class Scenario:
     """One test's namespaces, kubelets and clean-up across the clusters it uses."""
 
-    def __init__(self, clusters: Mapping[str, Cluster], db: WorkDb, test_name: str) -> None:
+    def __init__(self, clusters: Mapping[str, Cluster], db: WorkDb, test_name: str,
+                 guard_images: Sequence[str] = ()) -> None:
         self.clusters = clusters
         self.db = db
         self.test_name = test_name
+        self.guard_images = tuple(guard_images)
         self._stack = ExitStack()
         self._kubelets: list[tuple[Cluster, str, ProcessKubelet]] = []
 
@@ -350,7 +389,7 @@ class Scenario:
             self._stack.callback(cluster.kubectl, "delete", "namespace", namespace,
                                  "--wait=false", check=False)
             kubelet = ProcessKubelet(
-                cluster.api, images(), namespaces=[namespace], extra_path=[str(VENV_BIN)],
+                cluster.api, images(self.guard_images), namespaces=[namespace], extra_path=[str(VENV_BIN)],
                 keep_pod_dirs=True, report=lambda line: print(line, flush=True),
                 max_grace_seconds=GRACE_SECONDS_CAP,
             )
