@@ -147,7 +147,7 @@ def run_acquire(args: argparse.Namespace) -> int:
 
 def _acquire(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, raise_for_schema, resolve_dsn
+    from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
     from guardedcron.guard.outputs import write_lease_files, write_termination_message
 
     request = lease_ops.AcquireRequest(
@@ -165,7 +165,7 @@ def _acquire(args: argparse.Namespace) -> int:
         try:
             result = lease_ops.acquire(conn, request)
         except Exception as exc:
-            raise_for_schema(exc, dsn)
+            raise_for_database(exc, dsn)
             raise
     summary = {
         "acquired": result.acquired,
@@ -204,7 +204,7 @@ def _skip_message(request: Any, result: Any) -> str:
 
 def run_renew(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, raise_for_schema, resolve_dsn
+    from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
 
     try:
         fence = int(parse_number("--fence", args.fence, integer=True))
@@ -218,7 +218,7 @@ def run_renew(args: argparse.Namespace) -> int:
             try:
                 state = lease_ops.renew(conn, args.lock, args.holder, fence, seconds)
             except Exception as exc:
-                raise_for_schema(exc, dsn)
+                raise_for_database(exc, dsn)
                 raise
     except GuardError as exc:
         say("renew", str(exc))
@@ -240,7 +240,7 @@ def run_renew(args: argparse.Namespace) -> int:
 
 def run_release(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, raise_for_schema, resolve_dsn
+    from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
 
     try:
         lease_ops.check_name("lock", args.lock)
@@ -251,7 +251,7 @@ def run_release(args: argparse.Namespace) -> int:
             try:
                 state = lease_ops.release(conn, args.lock, args.holder, args.outcome)
             except Exception as exc:
-                raise_for_schema(exc, dsn)
+                raise_for_database(exc, dsn)
                 raise
     except GuardError as exc:
         say("release", str(exc))

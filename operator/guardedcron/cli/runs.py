@@ -68,7 +68,7 @@ def run_runs(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from guardedcron.guard import history
-    from guardedcron.guard.connection import connect, raise_for_schema, resolve_dsn
+    from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
     from guardedcron.guard.lease import check_name
 
     check_name("lock", args.lock)
@@ -117,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
                     "expected": len(expected),
                 }
         except Exception as exc:
-            raise_for_schema(exc, dsn)
+            raise_for_database(exc, dsn)
             raise
 
     if args.json:

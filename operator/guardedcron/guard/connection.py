@@ -81,6 +81,19 @@ def connect(dsn: str, connect_timeout: float) -> psycopg.Connection[tuple[Any, .
         raise DatabaseUnavailable(f"cannot reach database {describe(dsn)}: {reason}") from None
 
 
+def raise_for_database(exc: Exception, dsn: str) -> None:
+    """Turn a failed call into the guard's errors: schema missing (78), or the connection
+    lost in the middle of the call, e.g. the server restarting or the backend cut (69)."""
+    import psycopg
+
+    raise_for_schema(exc, dsn)
+    if isinstance(exc, psycopg.OperationalError):
+        reason = exc.diag.message_primary or str(exc).strip().split("\n")[0]
+        raise DatabaseUnavailable(
+            f"lost the connection to database {describe(dsn)}: {scrub(reason, dsn)}"
+        ) from None
+
+
 def raise_for_schema(exc: Exception, dsn: str) -> None:
     """Turn 'function/table does not exist' into the schema exit code."""
     import psycopg

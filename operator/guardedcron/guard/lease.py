@@ -108,7 +108,7 @@ def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
         ).fetchone()
     except psycopg.errors.LockNotAvailable:
         # A fenced write of the previous holder kept the lease row locked past lock_timeout.
-        return AcquireResult(False, "row-busy", "", 0, None, None, None)
+        return AcquireResult(False, "row-busy", "", 0, None, _record_row_busy(conn, request), None)
     assert row is not None
     acquired, reason, holder, fence, locked_until, run_id, db_now = row
     return AcquireResult(
@@ -120,6 +120,22 @@ def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
         run_id=run_id,
         db_now=db_now,
     )
+
+
+def _record_row_busy(conn: Connection, request: AcquireRequest) -> int | None:
+    """Give the attempt its history row: the function's own skip record was rolled back."""
+    if not conn.autocommit:
+        return None  # the caller's transaction has failed; what happens next is the caller's call
+    row = conn.execute(
+        "SELECT guardedcron._record_skip(%s, %s, %s, %s, clock_timestamp())",
+        (
+            request.lock,
+            request.holder,
+            request.slot,
+            "lease row locked past lock_timeout by an in-flight fenced write of the previous holder",
+        ),
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
 def renew(conn: Connection, lock: str, holder: str, fence: int, lease_seconds: float) -> LeaseState:
