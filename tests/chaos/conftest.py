@@ -1,0 +1,46 @@
+"""Options and servers of the chaos suite.
+
+The chaos run restarts its PostgreSQL many times, so it gets a server of its own rather
+than the session's shared one. Options go with the test path, e.g.
+`.venv/bin/python -m pytest tests/chaos --chaos-seed 1234` or `... tests/chaos --chaos-long`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from guardedcron.devenv.postgres import ThrowawayPostgres
+from tests.chaos.plan import Plan, add_options, plan_from_options
+from tests.chaos.schema import create_database
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--chaos-long", default=False):
+        return
+    for item in items:  # the long run outlasts the suite's default per-test timeout
+        if item.get_closest_marker("chaos"):
+            item.add_marker(pytest.mark.timeout(int(plan_from_options(config).time_limit_seconds) + 600))
+
+
+@pytest.fixture(scope="session")
+def chaos_plan(pytestconfig: pytest.Config) -> Plan:
+    return plan_from_options(pytestconfig)
+
+
+@pytest.fixture
+def restartable_postgres() -> Iterator[ThrowawayPostgres]:
+    with ThrowawayPostgres() as server:
+        yield server
+
+
+@pytest.fixture
+def chaos_dsn(postgres: ThrowawayPostgres) -> str:
+    """A fresh database with the guardedcron schema and the chaos tables, on the shared server."""
+    return create_database(postgres, f"c_{uuid.uuid4().hex[:12]}")

@@ -1,0 +1,772 @@
+"""The chaos run: lanes of contenders racing for leases while injectors break things.
+
+Three kinds of lanes run at once, each on its own lock:
+
+- process lanes: every contender is a real process (tests/chaos/workload.py) that runs
+  the real `guardedcron acquire` command; the faults that need a process strike here:
+  `kill -9` of the holder mid-run, `SIGSTOP` past its lease then `SIGCONT`, and clock
+  skew (libfaketime preloaded into the contender and the guard it runs);
+- connection lanes: contenders are threads with their own connections calling the
+  same SQL functions through guardedcron.guard.lease, where process start-up would
+  otherwise eat the 2-core budget; their holders stall past the lease in-process;
+- the burst lane: many contenders (processes and connections) for one slot at once;
+  one must work and every process loser must exit within the seeds' 5 s.
+
+Two injectors strike across lanes: PostgreSQL restarts (`pg_ctl restart -m fast`) and
+cut connections (`pg_terminate_backend` of a current holder's backend). A restart
+waits while a burst's contenders are still answering, so the burst figure stays the
+seeds' check; everything else is fair game.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import queue
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron.guard import lease as lease_ops
+from guardedcron.guard.lease import AcquireRequest
+from tests.chaos.plan import Plan
+from tests.chaos.schema import enqueue
+from tests.chaos.work import Holding, Job, Refused, is_transient
+from tests.support import REPO
+
+T = TypeVar("T")
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+RETAIN_RUNS = 100_000_000  # keep every attempt: the checks read them all
+SKEWS = ("+45s", "-45s", "+10m", "-10m", "+3h", "-3h", "+1d", "-1d", "+400d", "-400d")
+SKEW_SHARE = 0.3
+ANSWERED_EXITS = (0, 75)
+
+
+def faketime_library() -> str:
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        raise RuntimeError("libfaketime is not installed; run `bash .ci/bootstrap` (Debian package faketime)")
+    return found[0]
+
+
+def terminate_backend(pid: int, conn: Connection) -> tuple[Any, ...] | None:
+    return conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()
+
+
+def server_cpu_seconds(server: ThrowawayPostgres) -> float:
+    """CPU used so far by the running server: the postmaster, its live children, and the reaped ones."""
+    try:
+        postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if pid == postmaster:
+            total += sum(int(f) for f in fields[11:15])  # utime, stime, and of reaped children
+        elif ppid == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+@dataclass
+class Attempt:
+    holder: str
+    path: str  # process | connection
+    lock: str
+    slot: int | None
+    answered: bool = False
+    acquired: bool = False
+    reason: str | None = None
+    run_id: int | None = None
+    fence: int | None = None
+    exit_code: int | None = None
+    answer_seconds: float | None = None
+    faults: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Contender:
+    """A workload process and where it leaves its traces."""
+
+    attempt: Attempt
+    proc: subprocess.Popen[bytes]
+    run_dir: Path
+    started: float
+    ended: float | None = None
+
+    def holds(self) -> bool:
+        return (self.run_dir / "fence").exists()
+
+    def progress(self) -> int:
+        try:
+            return int((self.run_dir / "progress").read_text())
+        except (OSError, ValueError):
+            return -1
+
+    def reap(self) -> bool:
+        if self.ended is None and self.proc.poll() is not None:
+            self.ended = time.monotonic()
+        return self.ended is not None
+
+    def finish(self) -> Attempt:
+        """Fill the attempt from what the process left behind."""
+        a = self.attempt
+        a.exit_code = self.proc.returncode
+        try:
+            answer = json.loads((self.run_dir / "answer.json").read_text())
+        except (OSError, ValueError):
+            return a  # killed or failed before the guard answered
+        a.answer_seconds = float(answer["seconds"])
+        reply = answer.get("answer")
+        if answer["exit"] in ANSWERED_EXITS and reply is not None:
+            a.answered = True
+            a.acquired = bool(reply["acquired"])
+            a.reason = str(reply["reason"])
+            a.run_id = reply.get("run_id")
+            a.fence = reply.get("fence")
+        elif answer["exit"] not in (69,):
+            a.reason = f"acquire exited {answer['exit']}: {answer.get('stderr', '')[-300:]}"
+        return a
+
+
+@dataclass
+class BurstResult:
+    winners: int
+    process_loser_seconds: list[float]
+    connection_loser_seconds: list[float]
+    loser_codes: list[int]
+
+
+class Admin:
+    """The harness's own database access: one connection per thread, retried across restarts."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._local = threading.local()
+
+    def run(self, action: Callable[[Connection], T], give_up_after: float = 60.0) -> T:
+        deadline = time.monotonic() + give_up_after
+        while True:
+            conn: Connection | None = getattr(self._local, "conn", None)
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = psycopg.connect(
+                        self.dsn, autocommit=True, connect_timeout=2, application_name="harness"
+                    )
+                    self._local.conn = conn
+                return action(conn)
+            except Exception as exc:
+                if not is_transient(exc, conn) or time.monotonic() > deadline:
+                    raise
+                if conn is not None:
+                    conn.close()
+                self._local.conn = None
+                time.sleep(0.1)
+
+
+def store_attempts(attempts: list[Attempt], conn: Connection) -> None:
+    """Write the harness's own record of every contender, for the checks to join with the history."""
+    rows = [
+        (
+            a.holder,
+            a.path,
+            a.lock,
+            a.slot,
+            a.answered,
+            a.acquired,
+            a.reason,
+            a.run_id,
+            a.fence,
+            a.exit_code,
+            a.answer_seconds,
+            a.faults,
+        )
+        for a in attempts
+    ]
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO chaos.attempts (holder, path, lock_name, slot, answered, acquired, reason,"
+            " run_id, fence, exit_code, answer_seconds, faults)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            rows,
+        )
+
+
+def workload_command(lock: str, holder: str, slot: int | None, lease: float, run_dir: Path) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "tests.chaos.workload",
+        "--lock",
+        lock,
+        "--holder",
+        holder,
+        "--lease-seconds",
+        str(lease),
+        "--run-dir",
+        str(run_dir),
+        "--seed",
+        str(sum(holder.encode())),
+    ]
+    return command if slot is None else [*command, "--slot", str(slot)]
+
+
+def workload_env(dsn: str, skew: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "FAKETIME")}
+    env["GUARDEDCRON_DSN"] = dsn
+    if skew is not None:
+        env.update(LD_PRELOAD=faketime_library(), FAKETIME=skew)
+    return env
+
+
+class Seats:
+    """Connections kept open across bursts (opening two dozen per burst would cost more than the burst)."""
+
+    def __init__(self, dsn: str, size: int) -> None:
+        self.dsn = dsn
+        self.conns: list[Connection | None] = [None] * size
+
+    def ready(self) -> list[Connection]:
+        """Open connections, each checked: a restart leaves dead ones that do not know it yet."""
+        for i, conn in enumerate(self.conns):
+            if conn is not None:
+                try:
+                    conn.execute("SELECT 1")
+                    continue
+                except psycopg.Error:
+                    conn.close()
+            self.conns[i] = psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=5, application_name="chaos-burst"
+            )
+        return [c for c in self.conns if c is not None]
+
+    def close(self) -> None:
+        for conn in self.conns:
+            if conn is not None:
+                conn.close()
+
+
+class Chaos:
+    def __init__(self, server: ThrowawayPostgres, dsn: str, plan: Plan, log: Callable[[str], None]) -> None:
+        self.server = server
+        self.dsn = dsn
+        self.plan = plan
+        self.log = log
+        self.admin = Admin(dsn)
+        faketime_library()  # fail at once, not in the middle of the run, when it is missing
+        self.workdir = Path(tempfile.mkdtemp(prefix="guardedcron-chaos-"))
+        self.faults: Counter[str] = Counter()
+        self.rounds: Counter[str] = Counter()
+        self.attempts: list[Attempt] = []
+        self.bursts: list[BurstResult] = []
+        self.stragglers: list[Contender] = []  # stopped or still-working processes, reaped at the end
+        self.locks: set[str] = set()
+        self.problems: list[str] = []  # harness-level failures (not invariants): reported, fail the run
+        self._book = threading.Lock()
+        self._gate = threading.Lock()  # held by a restart, and by a burst while its losers answer
+        self._timers: list[threading.Timer] = []
+        self._injectors_done = threading.Event()
+        self._abort = threading.Event()
+        self.started = 0.0
+        self.seconds = 0.0
+        self.server_cpu = 0.0  # of servers already restarted
+        self.cpu: dict[str, float] = {}
+
+    # --- bookkeeping ----------------------------------------------------------------------
+    def count(self, kind: str, n: int = 1) -> None:
+        with self._book:
+            self.faults[kind] += n
+
+    def record(self, attempt: Attempt) -> None:
+        with self._book:
+            self.attempts.append(attempt)
+
+    def problem(self, message: str) -> None:
+        with self._book:
+            self.problems.append(message)
+
+    def over_time(self) -> bool:
+        return time.monotonic() - self.started > self.plan.time_limit_seconds
+
+    # --- processes ------------------------------------------------------------------------
+    def spawn(self, lock: str, holder: str, slot: int | None, lease: float, skew: str | None) -> Contender:
+        run_dir = self.workdir / holder
+        run_dir.mkdir(parents=True)
+        faults = []
+        if skew is not None:
+            faults.append(f"clock_skew:{skew}")
+            self.count("clock_skew")
+        command = workload_command(lock, holder, slot, lease, run_dir)
+        with (run_dir / "stderr").open("wb") as stderr:
+            proc = subprocess.Popen(
+                command, cwd=REPO, env=workload_env(self.dsn, skew), stdout=subprocess.DEVNULL, stderr=stderr
+            )
+        return Contender(
+            Attempt(holder, "process", lock, slot, faults=faults), proc, run_dir, time.monotonic()
+        )
+
+    def skew(self, rng: random.Random) -> str | None:
+        return rng.choice(SKEWS) if rng.random() < SKEW_SHARE else None
+
+    def resume_later(self, contender: Contender, after: float) -> None:
+        def resume() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                contender.proc.send_signal(signal.SIGCONT)
+
+        timer = threading.Timer(after, resume)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    # --- process lanes ----------------------------------------------------------------------
+    def process_lane(self, lane: int) -> None:
+        plan = self.plan
+        rng = random.Random(f"{plan.seed}:process:{lane}")
+        lock = f"proc-{lane}"
+        self.locks.add(lock)
+        quota = plan.share(plan.faults_per_kind, plan.process_lanes)
+        rounds_quota = plan.share(plan.process_rounds, plan.process_lanes)
+        hits: Counter[str] = Counter()
+        round_no = 0
+        while not self._abort.is_set():
+            done = round_no >= rounds_quota and min(hits["kill9"], hits["sigstop"]) >= quota
+            if done:
+                return
+            round_no += 1
+            self.admin.run(lambda c: enqueue(c, lock, rng.randint(2, 6)))
+            wanted = [k for k in ("kill9", "sigstop") if hits[k] < quota]
+            fault = rng.choice(wanted) if wanted else rng.choice(("kill9", "sigstop", None, None, None))
+            strike_after, strike_delay = rng.randint(1, 4), rng.uniform(0.0, 0.03)
+            with self._gate:  # no new processes while a burst is answering or the server restarts
+                pass
+            contenders = [
+                self.spawn(
+                    lock, f"p{lane}.{round_no}.{i}", round_no, plan.process_lease_seconds, self.skew(rng)
+                )
+                for i in range(rng.choice((2, 2, 2, 2, 3)))
+            ]
+            struck = self.run_process_round(contenders, fault, strike_after, strike_delay, rng)
+            if struck and fault is not None:
+                hits[fault] += 1
+            with self._book:
+                self.rounds["process"] += 1
+
+    def run_process_round(
+        self,
+        contenders: list[Contender],
+        fault: str | None,
+        strike_after: int,
+        strike_delay: float,
+        rng: random.Random,
+    ) -> bool:
+        pending = list(contenders)
+        struck = False
+        deadline = time.monotonic() + 90
+        while pending:
+            for c in list(pending):
+                if c.reap():
+                    pending.remove(c)
+                    self.record(c.finish())
+            if fault and not struck:
+                target = next((c for c in pending if c.holds() and c.progress() >= strike_after), None)
+                if target is not None:
+                    time.sleep(strike_delay)
+                    if target.proc.poll() is None:
+                        struck = True
+                        self.strike(target, fault, rng)
+                        if fault == "sigstop":
+                            pending.remove(target)
+                            with self._book:
+                                self.stragglers.append(target)
+            if time.monotonic() > deadline:
+                for c in pending:
+                    c.proc.kill()
+                self.problem(f"process round of {[c.attempt.holder for c in contenders]} did not end in 90 s")
+                deadline = float("inf")
+            time.sleep(0.01)
+        return struck
+
+    def strike(self, target: Contender, fault: str, rng: random.Random) -> None:
+        target.attempt.faults.append(fault)
+        self.count(fault)
+        if fault == "kill9":
+            target.proc.send_signal(signal.SIGKILL)
+        else:
+            target.proc.send_signal(signal.SIGSTOP)
+            self.resume_later(target, self.plan.process_lease_seconds + rng.uniform(0.5, 1.5))
+
+    # --- connection lanes ---------------------------------------------------------------------
+    def connection_lane(self, lane: int) -> None:
+        plan = self.plan
+        rng = random.Random(f"{plan.seed}:connection:{lane}")
+        lock = f"conn-{lane}"
+        self.locks.add(lock)
+        seats: queue.Queue[int] = queue.Queue()
+        for seat in range(6):
+            seats.put(seat)
+        quota = plan.share(plan.faults_per_kind, plan.connection_lanes)
+        rounds_quota = plan.share(plan.connection_rounds, plan.connection_lanes)
+        stalls = 0
+        round_no = 0
+        with ThreadPoolExecutor(6, thread_name_prefix=f"conn{lane}") as pool:
+            while not self._abort.is_set():
+                if round_no >= rounds_quota and stalls >= quota and self._injectors_done.is_set():
+                    break
+                round_no += 1
+                self.admin.run(lambda c: enqueue(c, lock, rng.randint(2, 6)))
+                size = rng.randint(2, 4)
+                taken = [seats.get() for _ in range(size)]
+                stall_at = rng.randint(1, 4) if stalls < quota and rng.random() < 0.5 else None
+                barrier = threading.Barrier(size)
+                out = [threading.Event() for _ in taken]
+                stalled = threading.Event()
+                for i, seat in enumerate(taken):
+                    holder = f"c{lane}.{round_no}.{i}"
+                    pool.submit(
+                        self.connection_contender,
+                        lock,
+                        holder,
+                        round_no,
+                        barrier,
+                        out[i],
+                        stall_at,
+                        stalled,
+                        rng.random(),
+                        partial(seats.put, seat),
+                    )
+                for event in out:
+                    event.wait()
+                stalls += stalled.is_set()
+                with self._book:
+                    self.rounds["connection"] += 1
+
+    def connection_contender(
+        self,
+        lock: str,
+        holder: str,
+        slot: int | None,
+        barrier: threading.Barrier,
+        out: threading.Event,
+        stall_at: int | None,
+        stalled: threading.Event,
+        seed: float,
+        give_back: Callable[[], None],
+    ) -> None:
+        attempt = Attempt(holder, "connection", lock, slot)
+        try:
+            conn = psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=2, application_name="chaos-seat"
+            )
+        except psycopg.Error:
+            conn = None
+        try:
+            barrier.wait(timeout=60)
+            if conn is None:
+                return
+            result = self.acquire_on(conn, attempt, self.plan.connection_lease_seconds)
+            if result is None or not result.acquired:
+                return
+            rng = random.Random(seed)
+
+            def stall(batch: int) -> None:
+                if batch == stall_at:
+                    attempt.faults.append("stall")
+                    self.count("stall")
+                    stalled.set()
+                    out.set()  # the round goes on without this holder
+                    time.sleep(self.plan.connection_lease_seconds + rng.uniform(0.3, 1.0))
+
+            self.work_and_release(conn, attempt, result.fence, self.plan.connection_lease_seconds, rng, stall)
+        except Exception as exc:
+            self.problem(f"connection contender {holder} failed: {exc!r}")
+        finally:
+            self.record(attempt)
+            if conn is not None:
+                conn.close()
+            out.set()
+            give_back()
+
+    def acquire_on(self, conn: Connection, attempt: Attempt, lease: float) -> lease_ops.AcquireResult | None:
+        request = AcquireRequest(
+            attempt.lock, attempt.holder, lease, slot=attempt.slot, retain_runs=RETAIN_RUNS
+        )
+        started = time.monotonic()
+        try:
+            result = lease_ops.acquire(conn, request)
+        except psycopg.Error as exc:
+            if not is_transient(exc, conn):
+                raise
+            attempt.reason = f"no answer: {type(exc).__name__}"
+            return None
+        attempt.answer_seconds = time.monotonic() - started
+        attempt.answered = True
+        attempt.acquired = result.acquired
+        attempt.reason = result.reason
+        attempt.run_id = result.run_id
+        attempt.fence = result.fence
+        return result
+
+    def work_and_release(
+        self,
+        conn: Connection,
+        attempt: Attempt,
+        fence: int,
+        lease: float,
+        rng: random.Random,
+        before_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        job = Job(
+            self.dsn, Holding(attempt.lock, attempt.holder, fence, lease), rng=rng, before_batch=before_batch
+        )
+        try:
+            job.run()
+            attempt.exit_code = 0
+        except Refused:
+            attempt.exit_code = 76
+            return
+        finally:
+            job.close()
+        Admin(self.dsn).run(
+            lambda c: lease_ops.release(c, attempt.lock, attempt.holder, "succeeded"), give_up_after=20
+        )
+
+    # --- bursts ------------------------------------------------------------------------------
+    def burst_lane(self) -> None:
+        plan = self.plan
+        rng = random.Random(f"{plan.seed}:burst")
+        lock = "burst"
+        self.locks.add(lock)
+        seats = Seats(self.dsn, plan.burst_connections)
+        with ThreadPoolExecutor(plan.burst_connections, thread_name_prefix="burst") as pool:
+            for burst in range(1, plan.bursts + 1):
+                if self._abort.is_set():
+                    break
+                self.wait_until_free(lock)
+                self.admin.run(lambda c: enqueue(c, lock, rng.randint(2, 6)))
+                self.bursts.append(self.one_burst(pool, seats, lock, burst, rng))
+                self.count("burst")
+                with self._book:
+                    self.rounds["burst"] += 1
+        seats.close()
+
+    def one_burst(
+        self, pool: ThreadPoolExecutor, seats: Seats, lock: str, slot: int, rng: random.Random
+    ) -> BurstResult:
+        plan = self.plan
+        answers = [Attempt(f"b.{slot}.c{i}", "connection", lock, slot) for i in range(plan.burst_connections)]
+        answered = [threading.Event() for _ in answers]
+        with self._gate:  # no restart until every loser has answered
+            conns = seats.ready()
+            started = time.monotonic()
+            procs = [
+                self.spawn(lock, f"b.{slot}.p{i}", slot, plan.process_lease_seconds, self.skew(rng))
+                for i in range(plan.burst_processes)
+            ]
+            for conn, attempt, event in zip(conns, answers, answered, strict=True):
+                pool.submit(self.burst_connection, conn, attempt, event, rng.random())
+            losers: list[Contender] = []
+            winner: Contender | None = None
+            deadline = started + 60
+            while len(losers) + (winner is not None) < len(procs) and time.monotonic() < deadline:
+                for c in procs:
+                    if c is winner or c in losers:
+                        continue
+                    if c.holds():
+                        winner = c
+                    elif c.reap():
+                        losers.append(c)
+                time.sleep(0.005)
+            for event in answered:
+                event.wait(60)
+        for c in losers:
+            self.record(c.finish())
+        if winner is not None:
+            with self._book:
+                self.stragglers.append(winner)
+        return BurstResult(
+            winners=(winner is not None) + sum(a.acquired for a in answers),
+            process_loser_seconds=[(c.ended or 0.0) - started for c in losers],
+            connection_loser_seconds=[
+                a.answer_seconds or 0.0 for a in answers if a.answered and not a.acquired
+            ],
+            loser_codes=[c.proc.returncode for c in losers]
+            + [75 if a.answered else 69 for a in answers if not a.acquired],
+        )
+
+    def burst_connection(
+        self, conn: Connection, attempt: Attempt, answered: threading.Event, seed: float
+    ) -> None:
+        try:
+            result = self.acquire_on(conn, attempt, self.plan.process_lease_seconds)
+            answered.set()
+            if result is not None and result.acquired:
+                self.work_and_release(
+                    conn, attempt, result.fence, self.plan.process_lease_seconds, random.Random(seed)
+                )
+        except Exception as exc:
+            self.problem(f"burst contender {attempt.holder} failed: {exc!r}")
+        finally:
+            answered.set()
+            self.record(attempt)
+
+    def wait_until_free(self, lock: str, limit: float = 60.0) -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            row = self.admin.run(
+                lambda c: c.execute(
+                    "SELECT coalesce(bool_and(locked_until <= clock_timestamp()), true)"
+                    " FROM guardedcron.leases WHERE lock_name = %s",
+                    (lock,),
+                ).fetchone()
+            )
+            if row is not None and row[0]:
+                return
+            time.sleep(0.05)
+        self.problem(f"lease {lock} still held after {limit:g} s")
+
+    # --- injectors -----------------------------------------------------------------------------
+    def restarter(self) -> None:
+        rng = random.Random(f"{self.plan.seed}:restart")
+        while self.faults["pg_restart"] < self.plan.faults_per_kind and not self._abort.is_set():
+            time.sleep(rng.uniform(0.8, 1.6))
+            with self._gate:
+                self.server_cpu += server_cpu_seconds(self.server)
+                self.server.restart("fast")
+            self.count("pg_restart")
+
+    def cutter(self) -> None:
+        rng = random.Random(f"{self.plan.seed}:cut")
+        while self.faults["conn_cut"] < self.plan.faults_per_kind and not self._abort.is_set():
+            time.sleep(rng.uniform(0.2, 0.8))
+            targets = self.admin.run(
+                lambda c: c.execute(
+                    "SELECT a.pid FROM pg_stat_activity a JOIN guardedcron.leases l"
+                    " ON a.application_name = 'chaos:' || l.holder"
+                    " WHERE l.locked_until > clock_timestamp() AND a.datname = current_database()"
+                    " ORDER BY a.pid"
+                ).fetchall()
+            )
+            if not targets:
+                continue
+            pid = rng.choice(targets)[0]
+            row = self.admin.run(partial(terminate_backend, pid))
+            if row is not None and row[0]:
+                self.count("conn_cut")
+
+    def injectors(self) -> None:
+        threads = [
+            threading.Thread(target=self.guarded(f), name=f.__name__) for f in (self.restarter, self.cutter)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self._injectors_done.set()
+
+    def guarded(self, target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except Exception as exc:
+                self.problem(f"{getattr(target, '__name__', target)!s} failed: {exc!r}")
+                self._abort.set()
+                self._injectors_done.set()
+
+        return run
+
+    # --- the whole run ---------------------------------------------------------------------------
+    def run(self) -> None:
+        self.started = time.monotonic()
+        plan = self.plan
+        workers = [threading.Thread(target=self.guarded(self.injectors), name="injectors")]
+        workers += [
+            threading.Thread(target=self.guarded(partial(self.process_lane, n)), name=f"process-{n}")
+            for n in range(plan.process_lanes)
+        ]
+        workers += [
+            threading.Thread(target=self.guarded(partial(self.connection_lane, n)), name=f"connection-{n}")
+            for n in range(plan.connection_lanes)
+        ]
+        workers.append(threading.Thread(target=self.guarded(self.burst_lane), name="bursts"))
+        watchdog = threading.Thread(target=self.watch_time, daemon=True)
+        for w in workers:
+            w.start()
+        watchdog.start()
+        for w in workers:
+            w.join()
+        self.settle()
+        self.final_clean_runs()
+        self.seconds = time.monotonic() - self.started
+        me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu = {
+            "harness": round(me.ru_utime + me.ru_stime, 1),
+            "contender_processes": round(children.ru_utime + children.ru_stime, 1),
+            "postgres": round(self.server_cpu + server_cpu_seconds(self.server), 1),
+        }
+
+    def remove_traces(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def watch_time(self) -> None:
+        while not self._abort.wait(1.0):
+            if self.over_time():
+                self.problem(f"time limit of {self.plan.time_limit_seconds:g} s reached; stopping early")
+                self._abort.set()
+
+    def settle(self) -> None:
+        """Let every stopped process resume and every straggler finish."""
+        for timer in self._timers:
+            timer.join()
+        for c in self.stragglers:
+            with contextlib.suppress(ProcessLookupError):
+                c.proc.send_signal(signal.SIGCONT)
+            try:
+                c.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+                self.problem(f"{c.attempt.holder} did not finish within 90 s after resuming")
+            c.reap()
+            self.record(c.finish())
+
+    def final_clean_runs(self) -> None:
+        """One undisturbed run per lock: it must win (once the lease is free) and finish the work."""
+        for lock in sorted(self.locks):
+            for attempt_no in range(60):
+                c = self.spawn(lock, f"final.{lock}.{attempt_no}", None, 5.0, None)
+                c.proc.wait(timeout=120)
+                c.reap()
+                self.record(c.finish())
+                if c.proc.returncode == 0:
+                    break
+                time.sleep(0.5)
+            else:
+                self.problem(f"no clean final run of {lock} succeeded")
+
+    def store_attempts(self) -> None:
+        self.admin.run(partial(store_attempts, self.attempts))

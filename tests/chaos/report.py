@@ -1,0 +1,82 @@
+"""The figures of a chaos run, and the run-level checks that are not about the database."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.chaos.harness import Chaos
+from tests.chaos.invariants import Findings
+from tests.chaos.plan import FAULT_KINDS
+
+
+def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
+    attempts = chaos.attempts
+    bursts = chaos.bursts
+    process_losers = [s for b in bursts for s in b.process_loser_seconds]
+    connection_losers = [s for b in bursts for s in b.connection_loser_seconds]
+    return {
+        "seed": chaos.plan.seed,
+        "wall_seconds": round(chaos.seconds, 1),
+        "cpu_seconds": chaos.cpu,
+        "contended_runs": {
+            "process": chaos.rounds["process"],
+            "connection": chaos.rounds["connection"],
+            "burst": chaos.rounds["burst"],
+            "total": sum(chaos.rounds.values()),
+        },
+        "attempts": {
+            "process": sum(a.path == "process" for a in attempts),
+            "connection": sum(a.path == "connection" for a in attempts),
+            "answered": sum(a.answered for a in attempts),
+            "won": sum(a.acquired for a in attempts),
+            "refused_and_stopped": sum(a.exit_code == 76 for a in attempts),
+        },
+        "faults": {kind: chaos.faults[kind] for kind in (*FAULT_KINDS, "stall")},
+        "duplicates": found.figures.get("duplicates"),
+        "stale_writes_refused": found.figures.get("stale_writes_refused"),
+        "max_loser_exit_seconds": {
+            "burst_process": round(max(process_losers, default=0.0), 3),
+            "burst_connection": round(max(connection_losers, default=0.0), 3),
+        },
+        "burst_contenders": chaos.plan.burst_processes + chaos.plan.burst_connections,
+        **{k: v for k, v in found.figures.items() if k not in ("duplicates", "stale_writes_refused")},
+    }
+
+
+def run_problems(chaos: Chaos) -> list[str]:
+    """Checks of the run itself: quotas reached, bursts as the seeds demand, contract exit codes."""
+    plan = chaos.plan
+    problems = list(chaos.problems)
+    contended = chaos.rounds["process"] + chaos.rounds["connection"] + chaos.rounds["burst"]
+    wanted = plan.process_rounds + plan.connection_rounds + plan.bursts
+    if contended < wanted:
+        problems.append(f"only {contended} contended runs of the {wanted} planned")
+    for kind in (*FAULT_KINDS, "stall"):
+        if chaos.faults[kind] < plan.faults_per_kind:
+            problems.append(f"only {chaos.faults[kind]} faults of kind {kind}, wanted {plan.faults_per_kind}")
+    limit = plan.loser_exit_limit_seconds
+    for n, burst in enumerate(chaos.bursts, start=1):
+        if burst.winners != 1:
+            problems.append(f"burst {n}: {burst.winners} winners, wanted exactly one")
+        if any(code != 75 for code in burst.loser_codes):
+            problems.append(f"burst {n}: losers exited {sorted(set(burst.loser_codes))}, wanted 75")
+        slow = [s for s in burst.process_loser_seconds if s > limit]
+        if slow:
+            problems.append(f"burst {n}: losers took {max(slow):.2f} s to exit (limit {limit:g} s)")
+    odd = sorted(
+        {
+            (a.exit_code, a.reason)
+            for a in chaos.attempts
+            if a.path == "process" and a.exit_code not in (0, 69, 75, 76, -9)
+        }
+        - {(None, None)},
+        key=str,
+    )
+    if odd:
+        problems.append(f"process contenders exited outside the contract: {odd[:5]}")
+    return problems
+
+
+def render(values: dict[str, Any]) -> str:
+    return json.dumps(values, indent=2, sort_keys=False, default=str)
