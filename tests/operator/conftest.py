@@ -21,28 +21,6 @@ from guardedcron.observability.metrics import create_metrics
 from guardedcron.spec import OperatorSettings, settings_from_env
 from tests.operator.emulator import GuardedEmulator
 
-RESOURCES: dict[str, kmock.ResourceInfo] = {
-    "guardedcron.io/v1alpha1/guardedcronjobs": kmock.ResourceInfo(
-        kind="GuardedCronJob", singular="guardedcronjob", namespaced=True, shortnames={"gcj"},
-        subresources={"status"}, verbs={"get", "list", "watch", "patch", "create", "delete"}),
-    "batch/v1/cronjobs": kmock.ResourceInfo(
-        kind="CronJob", singular="cronjob", namespaced=True, subresources={"status"},
-        verbs={"get", "list", "watch", "patch", "create", "delete"}),
-    "batch/v1/jobs": kmock.ResourceInfo(
-        kind="Job", singular="job", namespaced=True, subresources={"status"},
-        verbs={"get", "list", "watch", "create", "delete"}),
-    "v1/pods": kmock.ResourceInfo(
-        kind="Pod", singular="pod", namespaced=True, subresources={"status"},
-        verbs={"get", "list", "watch"}),
-    "v1/events": kmock.ResourceInfo(
-        kind="Event", singular="event", namespaced=True, verbs={"create", "patch", "list"}),
-    # Every API server has these; kopf looks for them before it starts its watches.
-    "v1/namespaces": kmock.ResourceInfo(
-        kind="Namespace", singular="namespace", namespaced=False, verbs={"get", "list", "watch"}),
-    "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
-        kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False,
-        verbs={"get", "list", "watch"}),
-}
 SETTINGS: OperatorSettings = settings_from_env({})
 # A winter Friday noon: "30 2 * * *" in Europe/Stockholm (UTC+1) fires next at 01:30Z.
 T0 = datetime(2025, 1, 10, 12, 0, tzinfo=UTC)
@@ -62,8 +40,7 @@ class FakeClock:
 @pytest.fixture
 async def api() -> AsyncIterator[GuardedEmulator]:
     async with GuardedEmulator() as emulator, kmock.Server(emulator):
-        for name, info in RESOURCES.items():
-            emulator.resources[name] = info
+        emulator.declare_resources()
         yield emulator
 
 
