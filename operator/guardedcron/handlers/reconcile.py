@@ -21,7 +21,17 @@ import kopf
 from guardedcron import contract
 from guardedcron.builders import build_cronjob
 from guardedcron.handlers.context import OperatorContext, PassMemory
-from guardedcron.handlers.observe import Body, Key, Observed, gcj_key, lookup, observe, trimmed
+from guardedcron.handlers.observe import (
+    Body,
+    Index,
+    Key,
+    Observed,
+    gcj_key,
+    lookup,
+    observe,
+    owner_key,
+    trimmed,
+)
 from guardedcron.kube import (
     CRONJOBS,
     EVENTS,
@@ -157,8 +167,8 @@ async def run_pass(gather: Callable[[], Observed], *, uid: str, context: Operato
 # --- what the decorated handlers call ------------------------------------------------
 
 async def reconcile_guarded_cronjob(
-    body: Body, *, context: OperatorContext, cronjobs: kopf.Index[Key, Body],
-    jobs: kopf.Index[Key, Body], pods: kopf.Index[Key, Body],
+    body: Body, *, context: OperatorContext, cronjobs: Index,
+    jobs: Index, pods: Index,
     logger: Logger,
 ) -> None:
     """Create, update or resume of a GuardedCronJob."""
@@ -180,8 +190,8 @@ async def reconcile_guarded_cronjob(
 
 async def repair_cronjob(
     event: Mapping[str, Any], *, context: OperatorContext,
-    guarded_cronjobs: kopf.Index[Key, Body], jobs: kopf.Index[Key, Body],
-    pods: kopf.Index[Key, Body], logger: Logger,
+    guarded_cronjobs: Index, jobs: Index,
+    pods: Index, logger: Logger,
 ) -> None:
     """An owned CronJob was added, changed or deleted: reconcile its GuardedCronJob, which
     repairs a CronJob edited or deleted by hand (and sees the CronJob's own status)."""
@@ -201,6 +211,31 @@ async def repair_cronjob(
     found = parent
     await run_pass(
         lambda: observe(lookup(guarded_cronjobs, key) or found, None if deleted else cronjob,
+                        jobs=jobs, pods=pods),
+        uid=uid, context=context, logger=logger)
+
+
+async def refresh_run_status(
+    body: Body, *, context: OperatorContext, guarded_cronjobs: Index,
+    cronjobs: Index, jobs: Index, pods: Index,
+    logger: Logger,
+) -> None:
+    """A Job or Pod of a GuardedCronJob changed: recompute the run status. Only with the
+    GuardedCronJob's own CronJob in the index: a missing or foreign CronJob is the
+    GuardedCronJob's and the CronJob watch's business."""
+    key = owner_key(body)
+    if key is None:
+        return
+    parent = lookup(guarded_cronjobs, key)
+    cronjob = lookup(cronjobs, key)
+    if parent is None or cronjob is None or (parent.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    uid = str(parent["metadata"].get("uid") or "")
+    if not controlled_by(cronjob, uid):
+        return
+    found = parent
+    await run_pass(
+        lambda: observe(lookup(guarded_cronjobs, key) or found, lookup(cronjobs, key),
                         jobs=jobs, pods=pods),
         uid=uid, context=context, logger=logger)
 

@@ -20,7 +20,7 @@ import kopf
 from guardedcron import contract
 from guardedcron.handlers import observe, reconcile
 from guardedcron.handlers.context import OperatorContext
-from guardedcron.handlers.observe import Body, Key
+from guardedcron.handlers.observe import Key, Packed
 
 GCJ = (contract.API_GROUP, contract.API_VERSION, contract.PLURAL)
 OWNED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE}
@@ -48,21 +48,21 @@ def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
         await client.close()
 
     @kopf.index(*GCJ, id="guarded_cronjobs", registry=registry)
-    async def guarded_cronjobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+    async def guarded_cronjobs(*, body: kopf.Body, **_: Any) -> dict[Key, Packed]:
         return observe.index_by_name(body)
 
     @kopf.index("batch", "v1", "cronjobs", id="owned_cronjobs", labels=OWNED, registry=registry)
-    async def owned_cronjobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+    async def owned_cronjobs(*, body: kopf.Body, **_: Any) -> dict[Key, Packed]:
         # By its own name, the GuardedCronJob's: another CronJob carrying the labels
         # under another name must not stand in for it.
         return observe.index_by_name(body)
 
     @kopf.index("batch", "v1", "jobs", id="owned_jobs", labels=OWNED, registry=registry)
-    async def owned_jobs(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+    async def owned_jobs(*, body: kopf.Body, **_: Any) -> dict[Key, Packed]:
         return observe.index_job(body)
 
     @kopf.index("", "v1", "pods", id="owned_pods", labels=OWNED, registry=registry)
-    async def owned_pods(*, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+    async def owned_pods(*, body: kopf.Body, **_: Any) -> dict[Key, Packed]:
         return observe.index_pod(body)
 
     @kopf.on.resume(*GCJ, id="reconcile", registry=registry, backoff=RETRY_BACKOFF_SECONDS)
@@ -81,5 +81,15 @@ def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
     async def repair_cronjob(*, event: kopf.RawEvent, logger: kopf.Logger, **kw: Any) -> None:
         await reconcile.repair_cronjob(event, context=context, guarded_cronjobs=kw["guarded_cronjobs"],
                                        jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
+
+    # Runs start, end and get skipped without the CronJob changing (manual runs, failed
+    # runs outside the CronJob controller's active list), so their Jobs and Pods wake a
+    # pass too. The pass reads the indexes and writes status only when it changed.
+    @kopf.on.event("batch", "v1", "jobs", id="observe_job", labels=OWNED, registry=registry)
+    @kopf.on.event("", "v1", "pods", id="observe_pod", labels=OWNED, registry=registry)
+    async def observe_run(*, body: kopf.Body, logger: kopf.Logger, **kw: Any) -> None:
+        await reconcile.refresh_run_status(body, context=context, guarded_cronjobs=kw["guarded_cronjobs"],
+                                           cronjobs=kw["owned_cronjobs"], jobs=kw["owned_jobs"],
+                                           pods=kw["owned_pods"], logger=logger)
 
     return registry
