@@ -418,6 +418,11 @@ def test_lease_taken_over_during_a_run_refuses_the_stale_write(
     assert first_run["fence"] == first_fence
     assert second_run["fence"] == second_lease["fence"] > first_run["fence"]
     assert second_run["holder"] != first_run["holder"]
+    # The first run's pod outlived its lease: the status says the two held the lock at once.
+    overlap = condition(status, "Overlap")
+    assert overlap["status"] == "True", overlap
+    assert f"run second (fence {second_run['fence']})" in overlap["message"], overlap
+    assert f"run first (fence {first_fence})" in overlap["message"], overlap
     history = {r["fence"]: r["outcome"] for r in db.guard_runs(lock) if r["fence"]}
     assert history[first_fence] == "abandoned", history
     assert_no_refusals(operators)

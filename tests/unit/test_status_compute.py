@@ -138,6 +138,22 @@ def test_a_running_job_deleted_before_its_end_is_closed_as_failed(runs: Runs) ->
     assert gone["runCounts"]["failed"] == 1
 
 
+def test_a_run_whose_pod_went_with_its_deadline_keeps_holder_and_fence(runs: Runs) -> None:
+    # Found by the e2e takeover scenario: the Job controller deletes the pod at the
+    # deadline, so the final pass sees no guard message; what the earlier pass read stays.
+    now = slot(10) + timedelta(minutes=3)
+    job, pods = runs.running(slot(10), 4)
+    first = compute([(job, pods)], None, now)
+    timed_out = copy.deepcopy(job)
+    timed_out["status"] = {"active": 0, "failed": 1, "conditions": k.failed_conditions(
+        "DeadlineExceeded", "Job was active longer than specified deadline", now)}
+    final = compute([(timed_out, [])], first, now + timedelta(minutes=1))
+    run, before = final["lastRun"], first["lastRun"]
+    assert run["outcome"] == "TimedOut" and "finishedAt" in run
+    assert (run["holder"], run["fence"], run["startedAt"]) == (
+        before["holder"], 4, before["startedAt"])
+
+
 def test_ready_follows_the_cronjob(runs: Runs) -> None:
     gcj = the_gcj()
     now = slot(10)

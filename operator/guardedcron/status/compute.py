@@ -115,7 +115,11 @@ def merge_runs(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]],
         if not isinstance(name, str) or not name:
             continue
         old = remembered.get(name)
-        merged[name] = old if old is not None and old.final else classify_run(job, pods_by_job.get(name, ()))
+        if old is not None and old.final:
+            merged[name] = old
+            continue
+        live = classify_run(job, pods_by_job.get(name, ()))
+        merged[name] = live if old is None else keep_known(old, live)
     for name, old in remembered.items():
         if name in merged:
             continue
@@ -128,6 +132,20 @@ def merge_runs(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]],
                 reason=f"Job deleted before it finished (last seen {last_seen}); outcome unknown",
             )
     return list(merged.values())
+
+
+def keep_known(old: RunRecord, live: RunRecord) -> RunRecord:
+    """The live classification, with what an earlier pass read from the guard's message
+    where the live one has nothing: a pod deleted at the deadline or by the garbage
+    collector takes its termination message along, but the run's holder, fence and
+    start stay what they were (one pod per run, so they cannot have changed)."""
+    return replace(
+        live,
+        holder=live.holder if live.holder is not None else old.holder,
+        fence=live.fence if live.fence is not None else old.fence,
+        slot=live.slot if live.slot is not None else old.slot,
+        started_at=live.started_at if live.started_at is not None else old.started_at,
+    )
 
 
 def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
