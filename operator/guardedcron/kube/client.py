@@ -29,6 +29,7 @@ MERGE_PATCH = "application/merge-patch+json"
 # Server-side apply takes YAML; JSON is YAML, and keeps the body exact.
 APPLY_PATCH = "application/apply-patch+yaml"
 LIST_PAGE_SIZE = 500
+CONNECTIONS = 32  # to one API server; kopf's watches have their own session
 
 
 class KubeClient:
@@ -44,7 +45,10 @@ class KubeClient:
     ) -> None:
         self._info = info
         self._relogin = relogin
-        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        # Per socket operation, not per call: at start-up a thousand passes queue for
+        # the connection pool, and waiting there is no sign of a dead server.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None,
+                                              sock_connect=timeout_seconds, sock_read=timeout_seconds)
         self._session: aiohttp.ClientSession | None = None
         self._session_lock = asyncio.Lock()
 
@@ -176,7 +180,7 @@ class KubeClient:
         headers = info.as_http_headers()
         headers["User-Agent"] = f"guardedcron/{__version__}"
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=20, ssl=ssl_context), headers=headers,
+            connector=aiohttp.TCPConnector(limit=CONNECTIONS, ssl=ssl_context), headers=headers,
             timeout=self._timeout, proxy=info.proxy_url, trust_env=info.trust_env)
 
 
