@@ -2,6 +2,7 @@
 
     python tests/e2e/workload.py --run-dir /var/run/guardedcron --job JOB [--items 3]
                                  [--gate] [--ignore-sigterm]
+    python tests/e2e/workload.py --setup      # create the tables below (kind.sh)
 
 The process-kubelet runs it as the workload container's image; the database comes from
 `$WORKLOAD_DSN` (the same Secret the guard reads). It reads the lease the guard handed
@@ -68,13 +69,18 @@ CREATE TABLE IF NOT EXISTS e2e_gates (job text PRIMARY KEY);
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="workload")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--job", required=True, help="this run's Job name (downward API)")
+    parser.add_argument("--setup", action="store_true",
+                        help="create the e2e tables (if missing) and exit")
+    parser.add_argument("--run-dir", type=Path)
+    parser.add_argument("--job", help="this run's Job name (downward API)")
     parser.add_argument("--items", type=int, default=3)
     parser.add_argument("--gate", action="store_true",
                         help="after the first item, wait for a row in e2e_gates")
     parser.add_argument("--ignore-sigterm", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.setup and (args.run_dir is None or args.job is None):
+        parser.error("--run-dir and --job are required")
+    return args
 
 
 def say(message: str) -> None:
@@ -116,6 +122,10 @@ def wait_for_gate(conn: psycopg.Connection[Any], job: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.setup:
+        with psycopg.connect(os.environ["WORKLOAD_DSN"], autocommit=True) as conn:
+            conn.execute(SCHEMA)
+        return 0
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, lambda *_: say("SIGTERM received; carrying on"))
     lease = read_lease(args.run_dir)
