@@ -84,12 +84,13 @@ async def reconcile(observed: Observed, *, client: KubeClient, settings: Operato
     uid = str((gcj.get("metadata") or {}).get("uid") or "")
     parsed: ParsedSpec | None
     problems: tuple[Problem, ...] = ()
+    trouble: str | None = None  # logged as a warning (an Event, through kopf) when status changes
     try:
         parsed = parse_guarded_cronjob(gcj)
     except SpecError as error:
         parsed, problems = None, error.problems
         # The CronJob (if any) keeps its last valid configuration: still guarded.
-        logger.warning(f"Spec is invalid; the CronJob is left as it is: {error}")
+        trouble = f"Spec is invalid; the CronJob is left as it is: {error}"
 
     cronjob = observed.cronjob
     applied = not_owned = False
@@ -108,7 +109,7 @@ async def reconcile(observed: Observed, *, client: KubeClient, settings: Operato
                 if not error.permanent:
                     raise  # kopf retries with backoff
                 apply_error = error.message
-                logger.warning(f"The API server refused CronJob {name}: {error}")
+                trouble = f"The API server refused CronJob {name}: {error}"
             else:
                 applied = True
                 logger.info(f"Applied CronJob {name}: {reason}.")
@@ -119,7 +120,12 @@ async def reconcile(observed: Observed, *, client: KubeClient, settings: Operato
         pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
         apply_error=apply_error)
     period = schedule_period_seconds(parsed, now) if parsed is not None else None
-    if not status_changed(previous, status):
+    changed = status_changed(previous, status)
+    if trouble is not None:
+        # Once per change, not once per pass: kopf posts warnings as Events, and a
+        # resync over an object that is still invalid must write nothing.
+        logger.log(logging.WARNING if changed else logging.DEBUG, trouble)
+    if not changed:
         update_gauges(metrics, namespace=namespace, name=name, status=status,
                       schedule_period_seconds=period)
         return PassResult(applied=applied, status_written=False, apply_error=apply_error,
@@ -262,7 +268,9 @@ def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool) -> None
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_PREFIX, key="last-handled-configuration")
-    # kopf's own events for every handler run would be a write per pass; keep problems.
+    # Warnings and errors of a GuardedCronJob's logger become Events on it (`kubectl
+    # describe`); info would be a write per pass. The pass warns only when status changes.
+    settings.posting.loggers = True
     settings.posting.level = logging.WARNING
     # Watching exact namespaces needs no cluster-scoped access (CRDs, Namespaces), and
     # the namespace-scoped install grants none.
