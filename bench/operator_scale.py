@@ -153,6 +153,7 @@ async def measure(objects: int, namespaces: int, phase_seconds: float,
         await asyncio.sleep(3)
         idle = count(api, since, objects)
         idle_rss, idle_peak = rss_mib(process.pid)
+        cpu_restart = cpu_seconds(process.pid)
         await stop(process)
 
     return {
@@ -163,6 +164,8 @@ async def measure(objects: int, namespaces: int, phase_seconds: float,
         "rss_mib_at_all_objects": round(rss, 1), "rss_peak_mib": round(peak, 1),
         "restart_to_all_resumed_s": round(resumed_s, 1), "idle_resync": idle,
         "rss_mib_after_restart": round(idle_rss, 1), "rss_peak_mib_after_restart": round(idle_peak, 1),
+        "operator_cpu_s_restart": round(cpu_restart, 1),
+        "load_average_1m_at_end": os.getloadavg()[0],
     }
 
 
