@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import urllib.request
@@ -30,12 +31,13 @@ RBAC_KINDS = frozenset({"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "
 OPERATOR_CONTAINER = "operator"
 READY_TIMEOUT_SECONDS = 90.0
 STOP_GRACE_SECONDS = 10.0
-# What in the operator's log means the API server refused it something.
-REFUSAL_MARKERS = ("403", "Forbidden", "forbidden")
+# How the API server words an RBAC denial ('... is forbidden: User "system:serviceaccount:
+# ns:name" cannot patch resource ...'); other 403s (a terminating namespace) are not RBAC.
+RBAC_DENIAL = re.compile(r'forbidden: User "[^"]+" cannot ')
 
 
-def render_chart(values: Mapping[str, str]) -> list[dict[str, Any]]:
-    command = [str(ensure_helm()), "template", RELEASE, str(CHART_DIR),
+def render_chart(values: Mapping[str, str], release: str = RELEASE) -> list[dict[str, Any]]:
+    command = [str(ensure_helm()), "template", release, str(CHART_DIR),
                "--namespace", INSTALL_NAMESPACE]
     for key, value in values.items():
         command += ["--set", f"{key}={value}"]
@@ -54,14 +56,22 @@ def deployment_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
 class OperatorProcess:
     """One cluster's operator: installed (RBAC), started, killed, restarted by the test."""
 
-    def __init__(self, cluster: Cluster, workdir: Path) -> None:
+    def __init__(self, cluster: Cluster, workdir: Path, *, release: str = RELEASE,
+                 without: tuple[str, str] | None = None) -> None:
+        """`without=(resource, verb)` takes that grant out of the chart's rules (to show
+        that a missing permission is noticed)."""
         self.cluster = cluster
         self.workdir = workdir
         self.log_path = workdir / "operator.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        objects = render_chart({"clusterName": cluster.name, "crds.enabled": "false"})
+        objects = render_chart({"clusterName": cluster.name, "crds.enabled": "false"}, release)
         self.rbac = [o for o in objects if o["kind"] in RBAC_KINDS]
+        if without is not None:
+            for role in (o for o in self.rbac if o["kind"] in ("ClusterRole", "Role")):
+                for rule in role["rules"]:
+                    if without[0] in rule.get("resources", ()):
+                        rule["verbs"] = [v for v in rule["verbs"] if v != without[1]]
         container = deployment_container(objects)
         self.args: list[str] = list(container.get("args") or [])
         # Plain values only; POD_ID (kopf's peer name) comes from the downward API there.
@@ -72,7 +82,8 @@ class OperatorProcess:
 
     def install(self) -> None:
         """The chart's ServiceAccount and RBAC, and a kubeconfig holding that account's token."""
-        self.cluster.kubectl("create", "namespace", INSTALL_NAMESPACE)
+        self.cluster.apply({"apiVersion": "v1", "kind": "Namespace",
+                            "metadata": {"name": INSTALL_NAMESPACE}})
         self.cluster.apply(*self.rbac)
         [account] = [o["metadata"]["name"] for o in self.rbac if o["kind"] == "ServiceAccount"]
         token = self.cluster.kubectl("create", "token", account, "-n", INSTALL_NAMESPACE,
@@ -142,9 +153,8 @@ class OperatorProcess:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def refusals(self) -> list[str]:
-        """Log lines where the API server refused the operator something."""
-        return [line for line in self.log_text().splitlines()
-                if any(marker in line for marker in REFUSAL_MARKERS)]
+        """Log lines where RBAC refused the operator something."""
+        return [line for line in self.log_text().splitlines() if RBAC_DENIAL.search(line)]
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from guardedcron import contract
 from guardedcron.builders import SKIP_RULE_INDEX
 from tests.e2e.conftest import EAST, WEST
 from tests.e2e.harness import (
+    FAILURE_LOGS,
     Cluster,
     Scenario,
     current_slot,
@@ -132,6 +134,36 @@ def test_crd_is_established_and_serves_status(
         assert version["served"] and version["storage"]
         assert "status" in version.get("subresources", {})
         assert crd["spec"]["names"]["kind"] == contract.KIND
+
+
+def test_a_permission_missing_from_the_chart_is_noticed(
+    operator_scenario: Scenario, clusters: dict[str, Cluster],
+    operators: dict[str, OperatorProcess], tmp_path: Path,
+) -> None:
+    """The RBAC check every test ends with can fail: the chart's rules without `patch` on
+    guardedcronjobs/status, and the status write is refused in the API server's words."""
+    east = clusters[EAST]
+    namespace = operator_scenario.namespace("narrow", [east])
+    narrow = OperatorProcess(east, tmp_path, release="guardedcron-narrow",
+                             without=("guardedcronjobs/status", "patch"))
+    narrow.install()
+    entry = ("narrowed operator (log tail)", narrow.log_tail)
+    FAILURE_LOGS.append(entry)
+    operators[EAST].stop()  # one operator per cluster, as the chart runs it
+    try:
+        narrow.start()
+        create_gcj(east, guarded_cronjob(NAME, namespace, spec={"suspend": True}))
+        wait_cronjob(east, namespace)  # its other grants are intact
+        denied = wait_for("the narrowed operator is refused its status write", narrow.refusals,
+                          STATUS_TIMEOUT)
+        assert 'cannot patch resource "guardedcronjobs/status"' in denied[0], denied
+        assert status_of(east, namespace) == {}
+    finally:
+        narrow.stop()
+        FAILURE_LOGS.remove(entry)
+        operators[EAST].start()
+    wait_status(east, namespace, "written by the chart's operator", lambda s: bool(s))
+    assert_no_refusals(operators)
 
 
 # --- one cluster: GuardedCronJob -> CronJob -> run -> status -------------------------------
