@@ -122,7 +122,15 @@ def start_cluster(name: str, dsn: str, plane: ControlPlane, stack: ExitStack, sa
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "GUARDEDCRON_CLUSTER_NAME": name}
     with log.open("ab") as sink:
         operator = subprocess.Popen(
-            [str(Path(bin_dir) / "guardedcron"), "operator", "--standalone"],
+            [
+                str(Path(bin_dir) / "guardedcron"),
+                "operator",
+                "--standalone",
+                "--metrics-port",
+                "0",
+                "--namespace",
+                NAMESPACE,
+            ],
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
