@@ -22,7 +22,7 @@ def load_time_zone(name: str) -> ZoneInfo:
         raise ScheduleError("time zone name is empty: omit timeZone to use UTC", token=name)
     if name.lower() == "local":
         raise ScheduleError(
-            "time zone 'Local' is refused (it would mean the controller's own zone): "
+            f"time zone {name!r} is refused (it would mean the controller's own zone): "
             "give an IANA name such as 'Europe/Stockholm'",
             token=name,
         )
