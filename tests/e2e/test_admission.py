@@ -1,7 +1,7 @@
 """The CRD on a real API server: schema defaults applied, invalid GuardedCronJobs refused
 with the messages of the CRD's own CEL rules, and nothing stored.
 
-Each case names words its CEL rule's expression must contain; the expected message is
+Each case names words its CEL rule's node path and expression must contain; the expected message is
 read from that rule in the CRD file, so the test follows the CRD's wording but fails
 if the rule is missing or the server does not apply it.
 """
@@ -39,18 +39,22 @@ def version_schema(crd: Mapping[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def cel_rules(schema: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    yield from schema.get("x-kubernetes-validations") or ()
-    for sub in (schema.get("properties") or {}).values():
-        yield from cel_rules(sub)
+def cel_rules(schema: Mapping[str, Any], path: str = ""
+              ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(path of the schema node, rule) of every CEL rule, e.g. ('.spec.lease', {...})."""
+    for rule in schema.get("x-kubernetes-validations") or ():
+        yield path, rule
+    for key, sub in (schema.get("properties") or {}).items():
+        yield from cel_rules(sub, f"{path}.{key}")
     for key in ("items", "additionalProperties"):
         if isinstance(schema.get(key), dict):
-            yield from cel_rules(schema[key])
+            yield from cel_rules(schema[key], f"{path}[*]")
 
 
 def messages_of_rules_over(*words: str) -> list[str]:
-    rules = [r for r in cel_rules(version_schema(the_crd()))
-             if all(word in r["rule"] for word in words)]
+    """The messages of the rules whose node path and expression mention every word."""
+    rules = [rule for path, rule in cel_rules(version_schema(the_crd()))
+             if all(word in f"{path} {rule['rule']}" for word in words)]
     assert rules, f"the CRD has no CEL rule over {words}"
     return [str(r.get("message") or r["rule"]) for r in rules]
 
@@ -85,7 +89,9 @@ INVALID = [
     ("a container named like the guard",
      {"jobTemplate": {"spec": {"template": {"spec": {"containers": [
          {**workload_container(), "name": contract.GUARD_CONTAINER}]}}}}},
-     (contract.GUARD_CONTAINER,)),
+     (".containers", contract.GUARD_CONTAINER)),
+    ("overlapping runs allowed", {"concurrencyPolicy": "Allow"}, ("concurrencyPolicy",)),
+    ("a time zone in the schedule", {"schedule": "TZ=UTC 0 3 * * *"}, (".schedule", "TZ")),
 ]
 
 
