@@ -172,13 +172,13 @@ def test_crd_file_from_the_environment(tmp_path: Path) -> None:
                  [("-, document 1 (nightly-invoices): spec.timeZone: ", "'Europe/Atlantis'")],
                  id="unknown-time-zone"),
     pytest.param([('"30 2 * * *"', '"TZ=UTC 30 2 * * *"')],
-                 ["spec.schedule: must not start with TZ= or CRON_TZ=; set spec.timeZone"],
+                 ["spec.schedule: 'TZ=UTC 30 2 * * *' is not a valid cron schedule: "],
                  id="schedule-with-TZ"),
-    pytest.param([("spec:\n        spec:", "spec:\n        spec:\n          initContainers: "
+    pytest.param([("template:\n        spec:", "template:\n        spec:\n          initContainers: "
                    "[{name: guardedcron-guard, image: x}]")],
                  ["spec.jobTemplate.spec.template.spec.initContainers[0].name: "
                   "'guardedcron-guard' is reserved"], id="reserved-init-container"),
-    pytest.param([("spec:\n        spec:", "spec:\n        spec:\n          volumes: "
+    pytest.param([("template:\n        spec:", "template:\n        spec:\n          volumes: "
                    "[{name: guardedcron-run, emptyDir: {}}]")],
                  ["spec.jobTemplate.spec.template.spec.volumes[0].name: 'guardedcron-run' is "
                   "reserved"], id="reserved-volume"),

@@ -72,8 +72,8 @@ def test_default_namespace_can_be_chosen() -> None:
 
 
 def test_long_lease_is_fine_with_heartbeat() -> None:
-    parsed = parse_with({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 60})
-    assert parsed.spec.lease.duration_seconds == 60
+    parsed = parse_with({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 15})
+    assert parsed.spec.lease.duration_seconds == 15
 
 
 def test_parsed_spec_does_not_share_the_input() -> None:
@@ -89,13 +89,20 @@ INVALID: list[Any] = [
                  id="schedule-minute-61"),
     pytest.param({"spec.schedule": "* * * *"}, "spec.schedule", "not a valid cron schedule",
                  id="schedule-four-fields"),
-    pytest.param({"spec.schedule": "TZ=UTC 0 * * * *"}, "spec.schedule", "set spec.timeZone",
+    pytest.param({"spec.schedule": "TZ=UTC 0 * * * *"}, "spec.schedule", "spec.timeZone",
                  id="schedule-TZ"),
     pytest.param({"spec.schedule": "CRON_TZ=Europe/Oslo 0 * * * *"}, "spec.schedule",
-                 "must not start with TZ= or CRON_TZ=", id="schedule-CRON_TZ"),
+                 "TZ=", id="schedule-CRON_TZ"),
+    pytest.param({"spec.schedule": "@every 5m"}, "spec.schedule", "@every",
+                 id="schedule-every"),
+    pytest.param({"spec.schedule": "0,1" + ",1" * 127 + " * * * *"}, "spec.schedule",
+                 "at most 256 characters", id="schedule-long"),
     pytest.param({"spec.schedule": DELETE}, "spec.schedule", "required", id="schedule-missing"),
     pytest.param({"spec.timeZone": "Mars/Olympus_Mons"}, "spec.timeZone",
                  "'Mars/Olympus_Mons'", id="time-zone-unknown"),
+    pytest.param({"spec.timeZone": "Local"}, "spec.timeZone", "'Local'", id="time-zone-local"),
+    pytest.param({"spec.timeZone": "A/" * 32 + "B"}, "spec.timeZone", "at most 64 characters",
+                 id="time-zone-long"),
     pytest.param({"spec.concurrencyPolicy": "Allow"}, "spec.concurrencyPolicy",
                  "must be Forbid", id="concurrency-allow"),
     pytest.param({"spec.concurrencyPolicy": "Replace"}, "spec.concurrencyPolicy",
@@ -110,10 +117,17 @@ INVALID: list[Any] = [
                  id="suspend-string"),
     pytest.param({"spec.successfulJobsHistoryLimit": -1}, "spec.successfulJobsHistoryLimit",
                  "at least 0", id="history-negative"),
+    pytest.param({"spec.recentRunsLimit": 101}, "spec.recentRunsLimit", "at most 100",
+                 id="recent-runs-101"),
+    pytest.param({"spec.missedRunToleranceSeconds": 86401}, "spec.missedRunToleranceSeconds",
+                 "at most 86400", id="tolerance-over-a-day"),
     pytest.param({"spec.lease.durationSeconds": 3600}, "spec.lease.durationSeconds",
                  "must exceed spec.activeDeadlineSeconds (3600)", id="lease-equal-to-deadline"),
     pytest.param({"spec.lease.durationSeconds": 60}, "spec.lease.durationSeconds",
                  "unless spec.lease.heartbeat is true", id="lease-shorter-than-deadline"),
+    pytest.param({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 14},
+                 "spec.lease.durationSeconds", "at least 15 when spec.lease.heartbeat",
+                 id="heartbeat-lease-14"),
     pytest.param({"spec.lease.minHoldSeconds": 4000}, "spec.lease.minHoldSeconds",
                  "at most spec.lease.durationSeconds (3900)", id="min-hold-over-lease"),
     pytest.param({"spec.lease.durationSeconds": DELETE}, "spec.lease.durationSeconds",
@@ -158,6 +172,12 @@ INVALID: list[Any] = [
                  id="containers-missing"),
     pytest.param({f"{POD}.containers[0].name": DELETE}, f"{POD}.containers[0].name", "required",
                  id="container-without-name"),
+    pytest.param({f"{POD}.containers[0].name": "c" * 64}, f"{POD}.containers[0].name",
+                 "at most 63 characters", id="container-name-long"),
+    pytest.param({f"{POD}.initContainers": [{"name": f"i{n}"} for n in range(65)]},
+                 f"{POD}.initContainers", "at most 64 items", id="init-containers-65"),
+    pytest.param({f"{POD}.volumes": [{"name": f"v{n}", "emptyDir": {}} for n in range(257)]},
+                 f"{POD}.volumes", "at most 256 items", id="volumes-257"),
     pytest.param({f"{POD}.initContainers": ["setup"]}, f"{POD}.initContainers[0]",
                  "must be an object", id="init-container-not-object"),
     pytest.param({f"{POD}.containers[0].volumeMounts": {"name": "x"}},

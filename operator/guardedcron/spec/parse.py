@@ -41,7 +41,15 @@ MIN_STARTING_DEADLINE_SECONDS = 10  # the CronJob controller looks every 10 s; l
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-_SCHEDULE_TZ_PREFIX = re.compile(r"^\s*(CRON_)?TZ=")
+# Limits the CRD schema sets too; repeated so that render answers as admission does.
+MAX_SCHEDULE_LENGTH = 256
+MAX_TIME_ZONE_LENGTH = 64
+MAX_RECENT_RUNS = 100
+MAX_MISSED_RUN_TOLERANCE_SECONDS = 86400
+MIN_HEARTBEAT_LEASE_SECONDS = 15  # the keeper renews every third: room for a slow round trip
+MAX_CONTAINERS = 64  # each of containers and initContainers
+MAX_VOLUMES = 256
+MAX_CONTAINER_NAME_LENGTH = 63
 # What the guard accepts as a lock name (guardedcron.guard.lease.check_name).
 MAX_LEASE_NAME_LENGTH = 253
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
@@ -72,10 +80,21 @@ class _Reader:
         return cast(_T, value)
 
     def integer(self, parent: Mapping[str, Any], key: str, path: str, *,
-                minimum: int) -> int | None:
+                minimum: int, maximum: int | None = None) -> int | None:
         value = self.field(parent, key, path, int, required=True)
         if value is not None and value < minimum:
             self.problem(path, f"must be at least {minimum}, not {value}")
+            return None
+        if value is not None and maximum is not None and value > maximum:
+            self.problem(path, f"must be at most {maximum}, not {value}")
+            return None
+        return value
+
+    def text(self, parent: Mapping[str, Any], key: str, path: str, *, required: bool,
+             max_length: int) -> str | None:
+        value = self.field(parent, key, path, str, required=required)
+        if value is not None and len(value) > max_length:
+            self.problem(path, f"must be at most {max_length} characters, not {len(value)}")
             return None
         return value
 
@@ -150,9 +169,11 @@ def _read_name(r: _Reader, metadata: Mapping[str, Any]) -> str | None:
 
 def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace: str
                ) -> GuardedCronJobSpec | None:
-    schedule_text = r.field(spec, "schedule", "spec.schedule", str, required=True)
+    schedule_text = r.text(spec, "schedule", "spec.schedule", required=True,
+                           max_length=MAX_SCHEDULE_LENGTH)
     schedule = _read_schedule(r, schedule_text)
-    time_zone = r.field(spec, "timeZone", "spec.timeZone", str, required=False)
+    time_zone = r.text(spec, "timeZone", "spec.timeZone", required=False,
+                       max_length=MAX_TIME_ZONE_LENGTH)
     zone = _read_time_zone(r, time_zone)
     suspend = r.field(spec, "suspend", "spec.suspend", bool, required=True)
 
@@ -167,9 +188,10 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
     successful = r.integer(spec, "successfulJobsHistoryLimit", "spec.successfulJobsHistoryLimit",
                            minimum=0)
     failed = r.integer(spec, "failedJobsHistoryLimit", "spec.failedJobsHistoryLimit", minimum=0)
-    recent = r.integer(spec, "recentRunsLimit", "spec.recentRunsLimit", minimum=0)
+    recent = r.integer(spec, "recentRunsLimit", "spec.recentRunsLimit", minimum=0,
+                       maximum=MAX_RECENT_RUNS)
     tolerance = r.integer(spec, "missedRunToleranceSeconds", "spec.missedRunToleranceSeconds",
-                          minimum=0)
+                          minimum=0, maximum=MAX_MISSED_RUN_TOLERANCE_SECONDS)
 
     lease_obj = r.field(spec, "lease", "spec.lease", dict, required=True)
     lease = (_read_lease(r, lease_obj, f"{namespace}/{name or ''}", active)
@@ -196,10 +218,7 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
 def _read_schedule(r: _Reader, text: str | None) -> Schedule | None:
     if text is None:
         return None
-    if _SCHEDULE_TZ_PREFIX.match(text):
-        r.problem("spec.schedule", "must not start with TZ= or CRON_TZ=; set spec.timeZone")
-        return None
-    try:
+    try:  # refuses TZ= prefixes and @every too, with their own reasons
         return Schedule.parse(text)
     except ScheduleError as exc:
         r.problem("spec.schedule", f"{text!r} is not a valid cron schedule: {exc}")
@@ -236,6 +255,10 @@ def _read_lease(r: _Reader, lease: Mapping[str, Any], default_name: str,
                   f"must be one of {', '.join(get_args(OnLost))}, not {on_lost!r}")
         on_lost = None
 
+    if heartbeat and duration is not None and duration < MIN_HEARTBEAT_LEASE_SECONDS:
+        r.problem("spec.lease.durationSeconds",
+                  f"must be at least {MIN_HEARTBEAT_LEASE_SECONDS} when spec.lease.heartbeat is "
+                  f"true (the keeper renews every third of it), not {duration}")
     if duration is not None and min_hold is not None and min_hold > duration:
         r.problem("spec.lease.minHoldSeconds",
                   f"must be at most spec.lease.durationSeconds ({duration}), not {min_hold}")
@@ -338,11 +361,14 @@ def _check_template_labels(r: _Reader, template: Mapping[str, Any], path: str,
 def _check_pod_spec(r: _Reader, pod_spec: Mapping[str, Any], path: str) -> None:
     _expect(r, pod_spec, "restartPolicy", path, "Never",
             "a failed container must fail the run, not restart inside it")
-    init_containers = _read_named_list(r, pod_spec, "initContainers", path, required=False)
-    containers = _read_named_list(r, pod_spec, "containers", path, required=True)
+    init_containers = _read_named_list(r, pod_spec, "initContainers", path, required=False,
+                                       max_items=MAX_CONTAINERS)
+    containers = _read_named_list(r, pod_spec, "containers", path, required=True,
+                                  max_items=MAX_CONTAINERS)
     if pod_spec.get("containers") == []:
         r.problem(f"{path}.containers", "must list at least one container")
-    volumes = _read_named_list(r, pod_spec, "volumes", path, required=False)
+    volumes = _read_named_list(r, pod_spec, "volumes", path, required=False,
+                               max_items=MAX_VOLUMES)
 
     for list_path, items in (*init_containers.items(), *containers.items()):
         for index, container in enumerate(items):
@@ -361,18 +387,22 @@ def _check_pod_spec(r: _Reader, pod_spec: Mapping[str, Any], path: str) -> None:
 
 
 def _read_named_list(r: _Reader, parent: Mapping[str, Any], key: str, path: str, *,
-                     required: bool) -> dict[str, list[dict[str, Any]]]:
-    """{path: items} when `key` is a list of objects that each have a name; else {} or []."""
+                     required: bool, max_items: int) -> dict[str, list[dict[str, Any]]]:
+    """{path: items} when `key` is a list of objects that each have a name; else {}."""
     path = f"{path}.{key}"
     items = r.field(parent, key, path, list, required=required)
     if items is None:
         return {}
     good = True
+    if len(items) > max_items:
+        r.problem(path, f"must have at most {max_items} items, not {len(items)}")
+        good = False
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             r.problem(f"{path}[{index}]", f"must be an object, not {_describe(item)}")
             good = False
-        elif r.field(item, "name", f"{path}[{index}].name", str, required=True) is None:
+        elif r.text(item, "name", f"{path}[{index}].name", required=True,
+                    max_length=MAX_CONTAINER_NAME_LENGTH) is None:
             good = False
     return {path: items} if good else {}
 
