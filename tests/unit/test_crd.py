@@ -162,8 +162,19 @@ def _nodes(node: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Mappi
 
 
 def test_every_field_has_a_description() -> None:
-    missing = [path for path, node in _nodes(SCHEMA) if not str(node.get("description", "")).strip()]
+    # The API server allows nothing on metadata but restrictions of name and generateName.
+    assert SCHEMA["properties"]["metadata"] == {"type": "object"}
+    missing = [path for path, node in _nodes(SCHEMA)
+               if path != ".metadata" and not str(node.get("description", "")).strip()]
     assert missing == []
+
+
+def test_rules_use_reasons_the_api_server_accepts() -> None:
+    reasons = {validation.get("reason", "FieldValueInvalid")
+               for _, node in _nodes(SCHEMA)
+               for validation in node.get("x-kubernetes-validations", ())}
+    assert reasons <= {"FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired",
+                       "FieldValueDuplicate"}
 
 
 def test_the_api_server_can_bound_the_cost_of_every_rule() -> None:
