@@ -237,3 +237,11 @@ def test_unusable_input_exits_64(args: list[str], stdin: str, env: dict[str, str
 def test_usage_errors_exit_64() -> None:
     assert render().code == 64  # -f is required
     assert render("-f", "-", "--no-such-option").code == 64
+
+
+def test_the_package_carries_the_crd_from_crds() -> None:
+    # render needs the CRD's defaults wherever guardedcron is installed: the package links
+    # to crds/ (pyproject's package-data puts the file into the wheel), never a copy.
+    link = REPO / "operator" / "guardedcron" / "crds"
+    assert link.is_symlink()
+    assert link.resolve() == (REPO / "crds").resolve()

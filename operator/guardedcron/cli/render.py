@@ -9,6 +9,7 @@ nothing on stdout.
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -40,8 +41,8 @@ EPILOG = f"""\
 Documents of other kinds in the input are passed over, so `kustomize build | guardedcron
 render -f -` works. A manifest without metadata.uid (not applied yet) renders without
 ownerReferences: a made-up uid would make the garbage collector delete the CronJob.
-Schema defaults come from the CRD file: --crd, else ${ENV_CRD}, else crds/{CRD_FILE_NAME}
-of the source checkout. Operator settings come from the environment, as for the
+Schema defaults come from the CRD file: --crd, else ${ENV_CRD}, else the copy of
+crds/{CRD_FILE_NAME} installed with guardedcron. Operator settings come from the environment, as for the
 operator (GUARDEDCRON_GUARD_IMAGE, GUARDEDCRON_CLUSTER_NAME, ...; see docs/design.md).
 """
 
@@ -69,8 +70,8 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser.add_argument("-n", "--namespace", default="default",
                         help="namespace of manifests that name none (default: default)")
     parser.add_argument("--crd", type=Path,
-                        help=f"the GuardedCronJob CRD file (default: ${ENV_CRD} or "
-                             f"crds/{CRD_FILE_NAME})")
+                        help=f"the GuardedCronJob CRD file (default: ${ENV_CRD}, else the "
+                             "one installed with guardedcron)")
     parser.set_defaults(run=run)
 
 
@@ -163,8 +164,8 @@ def _default_crd_path() -> Path:
     from_env = os.environ.get(ENV_CRD)
     if from_env:
         return Path(from_env)
-    # operator/guardedcron/__init__.py -> the checkout's root, which holds crds/
-    return Path(guardedcron.__file__).resolve().parents[2] / "crds" / CRD_FILE_NAME
+    # The package ships the CRD (guardedcron/crds links to the repository's crds/).
+    return Path(str(importlib.resources.files(guardedcron).joinpath("crds", CRD_FILE_NAME)))
 
 
 def _one_line(exc: Exception) -> str:
