@@ -37,7 +37,6 @@ API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 DEFAULT_NAMESPACE = "default"
 MIN_STARTING_DEADLINE_SECONDS = 10  # the CronJob controller looks every 10 s; less may never fire
 
-
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
