@@ -9,6 +9,7 @@ decide), never less.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -30,9 +31,10 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+@functools.cache
 def crd() -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load(CRD_FILE.read_text())
-    return loaded
+    return loaded  # read-only for every caller
 
 
 def openapi_schema(crd: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,13 +95,18 @@ def nodes_at(value: Any, steps: tuple[str, ...]) -> Iterator[Any]:
         yield from nodes_at(value[step], rest)
 
 
-def cel_problems(obj: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+@functools.cache
+def compiled_rules() -> list[tuple[tuple[str, ...], dict[str, Any], Any]]:
     env = celpy.Environment()
+    return [(steps, rule, env.program(env.compile(rule["rule"])))
+            for steps, rule in cel_rules(openapi_schema(crd()))
+            # transition rules need an old object; a create has none
+            if "oldSelf" not in rule["rule"]]
+
+
+def cel_problems(obj: Mapping[str, Any]) -> list[str]:
     problems = []
-    for steps, rule in cel_rules(schema):
-        if "oldSelf" in rule["rule"]:
-            continue  # transition rules need an old object; a create has none
-        program = env.program(env.compile(rule["rule"]))
+    for steps, rule, program in compiled_rules():
         for node in nodes_at(obj, steps):
             result = program.evaluate({"self": celpy.json_to_cel(node)})
             # anything but true fails the rule, an evaluation error included
@@ -125,7 +132,7 @@ def admission_problems(manifest: Mapping[str, Any]) -> list[str]:
     defaulted = apply_schema_defaults(manifest, definition)
     problems = schema_problems(defaulted, schema)
     # The API server runs CEL only on objects that pass the schema.
-    return problems or cel_problems(defaulted, schema)
+    return problems or cel_problems(defaulted)
 
 
 def manifest_with(changes: dict[str, Any]) -> dict[str, Any]:
