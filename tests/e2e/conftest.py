@@ -69,14 +69,10 @@ def kube_binaries() -> Paths:
 def control_plane_factory(
     kube_binaries: Paths, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StartControlPlane]:
-    """Start another control plane by name (or get the running one of that name); all are
-    stopped at the end of the session."""
+    """Start another control plane by name; all are stopped at the end of the session."""
     with ExitStack() as stack:
 
         def start(name: str) -> ControlPlane:
-            for running in _running:
-                if running.name == name:
-                    return running
             plane = ControlPlane(
                 kube_binaries,
                 name=name,
@@ -118,13 +114,10 @@ def e2e_db(postgres: ThrowawayPostgres) -> WorkDb:
 
 
 @pytest.fixture(scope="session")
-def clusters(
-    control_plane: ControlPlane, control_plane_factory: StartControlPlane, e2e_db: WorkDb
-) -> dict[str, Cluster]:
-    return {
-        EAST: Cluster(EAST, control_plane, e2e_db.dsn),
-        WEST: Cluster(WEST, control_plane_factory("secondary"), e2e_db.dsn),
-    }
+def clusters(control_plane_factory: StartControlPlane, e2e_db: WorkDb) -> dict[str, Cluster]:
+    """Control planes of their own: the chart-install tests install the CRD with Helm into
+    the primary one, and Helm will not adopt a CRD applied by kubectl (nor the reverse)."""
+    return {name: Cluster(name, control_plane_factory(name), e2e_db.dsn) for name in (EAST, WEST)}
 
 
 def _scenario(request: pytest.FixtureRequest, clusters: dict[str, Cluster], db: WorkDb,
