@@ -17,13 +17,14 @@ import pytest
 import yaml
 
 from guardedcron import contract
-from tests.e2e.harness import Cluster, crd_source, guarded_cronjob, workload_container
+from tests.e2e.harness import REPO, Cluster, crd_source, guarded_cronjob, workload_container
 from tests.e2e.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.e2e
 
 NAMESPACE = "admission"
 CRD_FILE_NAME = f"{contract.PLURAL}.{contract.API_GROUP}.yaml"
+EXAMPLES = REPO / "examples"
 
 
 def the_crd() -> dict[str, Any]:
@@ -146,3 +147,23 @@ def test_the_server_fills_in_the_schema_defaults(
         if key not in given["lease"]:
             assert stored["spec"]["lease"][key] == value, f"lease.{key}"
     east.kubectl("delete", contract.PLURAL, "defaulted", "-n", admission_namespace)
+
+
+def test_the_examples_and_their_cronjobs_are_accepted(
+    clusters: dict[str, Cluster], operators: dict[str, OperatorProcess],  # CRDs applied
+) -> None:
+    """Every example is a valid GuardedCronJob, and the CronJob `guardedcron render`
+    makes of it passes the real batch/v1 validation (a dry run: nothing is stored)."""
+    east = clusters["east"]
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert files, f"no examples in {EXAMPLES}"
+    for path in files:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        for namespace in {d["metadata"].get("namespace", "default") for d in documents}:
+            if east.get(f"/api/v1/namespaces/{namespace}") is None:
+                east.kubectl("create", "namespace", namespace)
+        east.kubectl("apply", "--dry-run=server", "-f", str(path))
+        for document in documents:
+            if document.get("kind") == contract.KIND:
+                east.kubectl("apply", "--dry-run=server", "-f", "-",
+                             input=yaml.safe_dump(east.render(document)))
