@@ -75,23 +75,22 @@ def mark_abandoned(conn: Connection, lock: str) -> int:
 def find_overlaps(conn: Connection, lock: str) -> list[Overlap]:
     """Runs that started before an earlier fenced run of the same lock had finished.
 
-    One pass in start order, carrying the latest end seen so far (a running run ends
-    "now"), so it stays linear on a year of per-minute history.
+    One pass in start order, carrying the latest end seen so far, so it stays linear on a
+    year of per-minute history. A running run has no end yet: 'infinity' stands for it,
+    which compares like "now" with any run that has started, and being a constant it lets
+    the pass read the (lock_name, started_at, id) index in order instead of materialising
+    and sorting the history (clock_timestamp() in the CTE did that: 1.4 s on 535,000 runs).
     """
     rows = conn.execute(
         f"""
-        WITH fenced AS (
+        SELECT {_RUN_COLUMNS} FROM (
             SELECT {_RUN_COLUMNS},
-                   coalesce(finished_at, clock_timestamp()) AS ends_at
+                   max(coalesce(finished_at, 'infinity'::timestamptz)) OVER (
+                       ORDER BY started_at, id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+                   ) AS prev_max_end
               FROM guardedcron.runs
              WHERE lock_name = %s AND fence IS NOT NULL
-        ), ordered AS (
-            SELECT f.*,
-                   max(ends_at) OVER w AS prev_max_end
-              FROM fenced f
-            WINDOW w AS (ORDER BY started_at, id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-        )
-        SELECT {_RUN_COLUMNS} FROM ordered
+        ) ordered
          WHERE prev_max_end > started_at
          ORDER BY started_at, id
         """,
