@@ -49,7 +49,7 @@ from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.lease import AcquireRequest
 from tests.chaos.plan import Plan
 from tests.chaos.schema import enqueue
-from tests.chaos.work import Holding, Job, Refused, is_transient
+from tests.chaos.work import Holding, Job, Refused, connect, is_transient
 from tests.support import REPO
 
 T = TypeVar("T")
@@ -59,6 +59,7 @@ RETAIN_RUNS = 100_000_000  # keep every attempt: the checks read them all
 SKEWS = ("+45s", "-45s", "+10m", "-10m", "+3h", "-3h", "+1d", "-1d", "+400d", "-400d")
 SKEW_SHARE = 0.3
 ANSWERED_EXITS = (0, 75)
+ROUND_INTERVAL = 0.1  # seconds between the starts of a connection lane's rounds, at least
 
 
 def faketime_library() -> str:
@@ -66,6 +67,10 @@ def faketime_library() -> str:
     if not found:
         raise RuntimeError("libfaketime is not installed; run `bash .ci/bootstrap` (Debian package faketime)")
     return found[0]
+
+
+def name_connection(name: str, conn: Connection) -> None:
+    conn.execute("SELECT set_config('application_name', %s, false)", (name,))
 
 
 def terminate_backend(pid: int, conn: Connection) -> tuple[Any, ...] | None:
@@ -122,6 +127,9 @@ class Contender:
     def holds(self) -> bool:
         return (self.run_dir / "fence").exists()
 
+    def answered(self) -> bool:
+        return self.ended is not None or (self.run_dir / "answer.json").exists()
+
     def progress(self) -> int:
         try:
             return int((self.run_dir / "progress").read_text())
@@ -160,33 +168,66 @@ class BurstResult:
     process_loser_seconds: list[float]
     connection_loser_seconds: list[float]
     loser_codes: list[int]
+    load_average: float  # of the machine when the burst ended: a loaded host slows process start-up
+
+
+class Link:
+    """One connection that is reopened when a restart or a cut has broken it, and calls retried."""
+
+    def __init__(self, dsn: str, name: str) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.conn: Connection | None = None
+
+    def get(self) -> Connection:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.conn = connect(self.dsn, self.name)
+        return self.conn
+
+    def probe(self) -> Connection:
+        """The connection, checked by a round trip: a restart leaves dead ones that do not know it yet."""
+        try:
+            self.get().execute("SELECT 1")
+        except psycopg.Error:
+            self.close()
+        return self.get()
+
+    def adopt(self, conn: Connection | None) -> None:
+        if conn is not self.conn:
+            self.close()
+            self.conn = conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+
+    def run(self, action: Callable[[Connection], T], give_up_after: float = 60.0) -> T:
+        deadline = time.monotonic() + give_up_after
+        while True:
+            conn: Connection | None = None
+            try:
+                conn = self.get()
+                return action(conn)
+            except Exception as exc:
+                if not is_transient(exc, conn) or time.monotonic() > deadline:
+                    raise
+                self.close()
+                time.sleep(0.1)
 
 
 class Admin:
-    """The harness's own database access: one connection per thread, retried across restarts."""
+    """The harness's own database access: a Link per thread."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self._local = threading.local()
 
     def run(self, action: Callable[[Connection], T], give_up_after: float = 60.0) -> T:
-        deadline = time.monotonic() + give_up_after
-        while True:
-            conn: Connection | None = getattr(self._local, "conn", None)
-            try:
-                if conn is None or conn.closed or conn.broken:
-                    conn = psycopg.connect(
-                        self.dsn, autocommit=True, connect_timeout=2, application_name="harness"
-                    )
-                    self._local.conn = conn
-                return action(conn)
-            except Exception as exc:
-                if not is_transient(exc, conn) or time.monotonic() > deadline:
-                    raise
-                if conn is not None:
-                    conn.close()
-                self._local.conn = None
-                time.sleep(0.1)
+        link: Link | None = getattr(self._local, "link", None)
+        if link is None:
+            link = self._local.link = Link(self.dsn, "harness")
+        return link.run(action, give_up_after)
 
 
 def store_attempts(attempts: list[Attempt], conn: Connection) -> None:
@@ -244,33 +285,6 @@ def workload_env(dsn: str, skew: str | None = None) -> dict[str, str]:
     return env
 
 
-class Seats:
-    """Connections kept open across bursts (opening two dozen per burst would cost more than the burst)."""
-
-    def __init__(self, dsn: str, size: int) -> None:
-        self.dsn = dsn
-        self.conns: list[Connection | None] = [None] * size
-
-    def ready(self) -> list[Connection]:
-        """Open connections, each checked: a restart leaves dead ones that do not know it yet."""
-        for i, conn in enumerate(self.conns):
-            if conn is not None:
-                try:
-                    conn.execute("SELECT 1")
-                    continue
-                except psycopg.Error:
-                    conn.close()
-            self.conns[i] = psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=5, application_name="chaos-burst"
-            )
-        return [c for c in self.conns if c is not None]
-
-    def close(self) -> None:
-        for conn in self.conns:
-            if conn is not None:
-                conn.close()
-
-
 class Chaos:
     def __init__(self, server: ThrowawayPostgres, dsn: str, plan: Plan, log: Callable[[str], None]) -> None:
         self.server = server
@@ -284,6 +298,7 @@ class Chaos:
         self.rounds: Counter[str] = Counter()
         self.attempts: list[Attempt] = []
         self.bursts: list[BurstResult] = []
+        self._in_flight: dict[int, list[Contender]] = {}  # each process lane's current round
         self.stragglers: list[Contender] = []  # stopped or still-working processes, reaped at the end
         self.locks: set[str] = set()
         self.problems: list[str] = []  # harness-level failures (not invariants): reported, fail the run
@@ -370,6 +385,7 @@ class Chaos:
                 )
                 for i in range(rng.choice((2, 2, 2, 2, 3)))
             ]
+            self._in_flight[lane] = contenders
             struck = self.run_process_round(contenders, fault, strike_after, strike_delay, rng)
             if struck and fault is not None:
                 hits[fault] += 1
@@ -426,19 +442,28 @@ class Chaos:
         rng = random.Random(f"{plan.seed}:connection:{lane}")
         lock = f"conn-{lane}"
         self.locks.add(lock)
-        seats: queue.Queue[int] = queue.Queue()
+        seats: queue.Queue[Link] = queue.Queue()
         for seat in range(6):
-            seats.put(seat)
+            seats.put(Link(self.dsn, f"seat-{lane}.{seat}"))
         quota = plan.share(plan.faults_per_kind, plan.connection_lanes)
         rounds_quota = plan.share(plan.connection_rounds, plan.connection_lanes)
         stalls = 0
         round_no = 0
+        next_round = 0.0
         with ThreadPoolExecutor(6, thread_name_prefix=f"conn{lane}") as pool:
             while not self._abort.is_set():
-                if round_no >= rounds_quota and stalls >= quota and self._injectors_done.is_set():
-                    break
+                if round_no >= rounds_quota and stalls >= quota:
+                    if self._injectors_done.is_set():
+                        break
+                    time.sleep(0.3)  # enough rounds: keep some going for the injectors to hit, cheaply
+                # Like a schedule firing: rounds come at a pace, whether or not the last one is done
+                # (a round in which a stalled holder still has the lease is quick: everyone loses).
+                time.sleep(max(0.0, next_round - time.monotonic()))
+                next_round = time.monotonic() + ROUND_INTERVAL
                 round_no += 1
                 self.admin.run(lambda c: enqueue(c, lock, rng.randint(2, 6)))
+                with self._gate:  # stand still while a burst's losers answer
+                    pass
                 size = rng.randint(2, 4)
                 taken = [seats.get() for _ in range(size)]
                 stall_at = rng.randint(1, 4) if stalls < quota and rng.random() < 0.5 else None
@@ -446,70 +471,66 @@ class Chaos:
                 out = [threading.Event() for _ in taken]
                 stalled = threading.Event()
                 for i, seat in enumerate(taken):
-                    holder = f"c{lane}.{round_no}.{i}"
+                    attempt = Attempt(f"c{lane}.{round_no}.{i}", "connection", lock, round_no)
                     pool.submit(
                         self.connection_contender,
-                        lock,
-                        holder,
-                        round_no,
+                        seat,
+                        attempt,
                         barrier,
                         out[i],
                         stall_at,
                         stalled,
                         rng.random(),
-                        partial(seats.put, seat),
+                        seats.put,
                     )
                 for event in out:
                     event.wait()
                 stalls += stalled.is_set()
                 with self._book:
                     self.rounds["connection"] += 1
+        while not seats.empty():
+            seats.get().close()
 
     def connection_contender(
         self,
-        lock: str,
-        holder: str,
-        slot: int | None,
+        seat: Link,
+        attempt: Attempt,
         barrier: threading.Barrier,
         out: threading.Event,
         stall_at: int | None,
         stalled: threading.Event,
         seed: float,
-        give_back: Callable[[], None],
+        give_back: Callable[[Link], None],
     ) -> None:
-        attempt = Attempt(holder, "connection", lock, slot)
+        lease = self.plan.connection_lease_seconds
+        rng = random.Random(seed)
+
+        def stall(batch: int) -> None:
+            if batch == stall_at and "stall" not in attempt.faults:
+                attempt.faults.append("stall")
+                self.count("stall")
+                stalled.set()
+                out.set()  # the round goes on without this holder
+                time.sleep(lease + rng.uniform(0.3, 1.0))
+
         try:
-            conn = psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=2, application_name="chaos-seat"
-            )
-        except psycopg.Error:
-            conn = None
-        try:
+            try:
+                conn: Connection | None = seat.get()
+            except psycopg.Error:
+                conn = None  # the server is restarting: this contender gets no answer
             barrier.wait(timeout=60)
             if conn is None:
+                attempt.reason = "no connection"
                 return
-            result = self.acquire_on(conn, attempt, self.plan.connection_lease_seconds)
-            if result is None or not result.acquired:
-                return
-            rng = random.Random(seed)
-
-            def stall(batch: int) -> None:
-                if batch == stall_at:
-                    attempt.faults.append("stall")
-                    self.count("stall")
-                    stalled.set()
-                    out.set()  # the round goes on without this holder
-                    time.sleep(self.plan.connection_lease_seconds + rng.uniform(0.3, 1.0))
-
-            self.work_and_release(conn, attempt, result.fence, self.plan.connection_lease_seconds, rng, stall)
+            result = self.acquire_on(conn, attempt, lease)
+            if result is not None and result.acquired:
+                self.work_and_release(seat, attempt, result.fence, lease, rng, stall)
         except Exception as exc:
-            self.problem(f"connection contender {holder} failed: {exc!r}")
+            self.problem(f"connection contender {attempt.holder} failed: {exc!r}")
         finally:
             self.record(attempt)
-            if conn is not None:
-                conn.close()
             out.set()
-            give_back()
+            give_back(seat)
 
     def acquire_on(self, conn: Connection, attempt: Attempt, lease: float) -> lease_ops.AcquireResult | None:
         request = AcquireRequest(
@@ -533,16 +554,17 @@ class Chaos:
 
     def work_and_release(
         self,
-        conn: Connection,
+        seat: Link,
         attempt: Attempt,
         fence: int,
         lease: float,
         rng: random.Random,
         before_batch: Callable[[int], None] | None = None,
     ) -> None:
-        job = Job(
-            self.dsn, Holding(attempt.lock, attempt.holder, fence, lease), rng=rng, before_batch=before_batch
-        )
+        """Do the job on the seat's connection, named after the holder so the cutter can find it."""
+        holding = Holding(attempt.lock, attempt.holder, fence, lease)
+        seat.run(partial(name_connection, f"chaos:{attempt.holder}"))
+        job = Job(self.dsn, holding, rng=rng, before_batch=before_batch, conn=seat.get())
         try:
             job.run()
             attempt.exit_code = 0
@@ -550,10 +572,9 @@ class Chaos:
             attempt.exit_code = 76
             return
         finally:
-            job.close()
-        Admin(self.dsn).run(
-            lambda c: lease_ops.release(c, attempt.lock, attempt.holder, "succeeded"), give_up_after=20
-        )
+            seat.adopt(job.detach())
+            seat.run(partial(name_connection, f"chaos:{seat.name}"))
+        seat.run(lambda c: lease_ops.release(c, attempt.lock, attempt.holder, "succeeded"), give_up_after=20)
 
     # --- bursts ------------------------------------------------------------------------------
     def burst_lane(self) -> None:
@@ -561,7 +582,7 @@ class Chaos:
         rng = random.Random(f"{plan.seed}:burst")
         lock = "burst"
         self.locks.add(lock)
-        seats = Seats(self.dsn, plan.burst_connections)
+        seats = [Link(self.dsn, f"burst-seat.{i}") for i in range(plan.burst_connections)]
         with ThreadPoolExecutor(plan.burst_connections, thread_name_prefix="burst") as pool:
             for burst in range(1, plan.bursts + 1):
                 if self._abort.is_set():
@@ -572,23 +593,26 @@ class Chaos:
                 self.count("burst")
                 with self._book:
                     self.rounds["burst"] += 1
-        seats.close()
+        for seat in seats:
+            seat.close()
 
     def one_burst(
-        self, pool: ThreadPoolExecutor, seats: Seats, lock: str, slot: int, rng: random.Random
+        self, pool: ThreadPoolExecutor, seats: list[Link], lock: str, slot: int, rng: random.Random
     ) -> BurstResult:
         plan = self.plan
         answers = [Attempt(f"b.{slot}.c{i}", "connection", lock, slot) for i in range(plan.burst_connections)]
         answered = [threading.Event() for _ in answers]
-        with self._gate:  # no restart until every loser has answered
-            conns = seats.ready()
+        with self._gate:  # no restart, and no new process elsewhere, until every loser has answered
+            self.wait_for_in_flight_answers()
+            for seat in seats:
+                seat.probe()
             started = time.monotonic()
             procs = [
                 self.spawn(lock, f"b.{slot}.p{i}", slot, plan.process_lease_seconds, self.skew(rng))
                 for i in range(plan.burst_processes)
             ]
-            for conn, attempt, event in zip(conns, answers, answered, strict=True):
-                pool.submit(self.burst_connection, conn, attempt, event, rng.random())
+            for seat, attempt, event in zip(seats, answers, answered, strict=True):
+                pool.submit(self.burst_connection, seat, attempt, event, rng.random())
             losers: list[Contender] = []
             winner: Contender | None = None
             deadline = started + 60
@@ -616,17 +640,24 @@ class Chaos:
             ],
             loser_codes=[c.proc.returncode for c in losers]
             + [75 if a.answered else 69 for a in answers if not a.acquired],
+            load_average=os.getloadavg()[0],
         )
 
-    def burst_connection(
-        self, conn: Connection, attempt: Attempt, answered: threading.Event, seed: float
-    ) -> None:
+    def wait_for_in_flight_answers(self, limit: float = 30.0) -> None:
+        """Let the process rounds already started get their answers, so a burst has the CPU to itself."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if all(c.answered() for round_ in list(self._in_flight.values()) for c in round_):
+                return
+            time.sleep(0.01)
+
+    def burst_connection(self, seat: Link, attempt: Attempt, answered: threading.Event, seed: float) -> None:
         try:
-            result = self.acquire_on(conn, attempt, self.plan.process_lease_seconds)
+            result = self.acquire_on(seat.get(), attempt, self.plan.process_lease_seconds)
             answered.set()
             if result is not None and result.acquired:
                 self.work_and_release(
-                    conn, attempt, result.fence, self.plan.process_lease_seconds, random.Random(seed)
+                    seat, attempt, result.fence, self.plan.process_lease_seconds, random.Random(seed)
                 )
         except Exception as exc:
             self.problem(f"burst contender {attempt.holder} failed: {exc!r}")

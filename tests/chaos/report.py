@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from tests.chaos.harness import Chaos
@@ -63,7 +64,10 @@ def run_problems(chaos: Chaos) -> list[str]:
             problems.append(f"burst {n}: losers exited {sorted(set(burst.loser_codes))}, wanted 75")
         slow = [s for s in burst.process_loser_seconds if s > limit]
         if slow:
-            problems.append(f"burst {n}: losers took {max(slow):.2f} s to exit (limit {limit:g} s)")
+            problems.append(
+                f"burst {n}: losers took {max(slow):.2f} s to exit (limit {limit:g} s;"
+                f" load average {burst.load_average:.1f} on {os.cpu_count()} cores)"
+            )
     odd = sorted(
         {
             (a.exit_code, a.reason)

@@ -21,9 +21,15 @@ from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.fence import check_fence
 from guardedcron.guard.lease import AcquireRequest
 from tests.chaos.harness import workload_command, workload_env
-from tests.chaos.invariants import Findings, check_duplicates, check_fence_order, check_outstanding, check_refusals
+from tests.chaos.invariants import (
+    Findings,
+    check_duplicates,
+    check_fence_order,
+    check_outstanding,
+    check_refusals,
+)
 from tests.chaos.schema import enqueue
-from tests.chaos.work import Holding, Job, Refused, connect
+from tests.chaos.work import Holding, Job, Refused
 from tests.support import GUARDEDCRON, REPO
 
 pytestmark = pytest.mark.chaos
@@ -64,14 +70,20 @@ def test_the_checks_catch_a_writer_that_skips_the_fence(chaos_dsn: str) -> None:
             Job(chaos_dsn, Holding("job", "b", b_fence, 30), rng=random.Random(2)).run()
 
     unfenced = Job(
-        chaos_dsn, Holding("job", "a", a_fence, 0.3), rng=random.Random(1), after_read=b_takes_over, fenced=False
+        chaos_dsn,
+        Holding("job", "a", a_fence, 0.3),
+        rng=random.Random(1),
+        after_read=b_takes_over,
+        fenced=False,
     )
     unfenced.run()
     unfenced.close()
     found = findings(chaos_dsn)
     assert found.figures["duplicates"] == 2  # A's first batch: two items charged twice
     assert any(v.startswith("items with a step committed more than once: 2") for v in found.violations)
-    assert any(v.startswith("fenced writes committed after a newer fence had written") for v in found.violations)
+    assert any(
+        v.startswith("fenced writes committed after a newer fence had written") for v in found.violations
+    )
 
 
 def test_a_stalled_holder_is_refused_and_the_checks_pass(chaos_dsn: str) -> None:
@@ -86,7 +98,10 @@ def test_a_stalled_holder_is_refused_and_the_checks_pass(chaos_dsn: str) -> None
             Job(chaos_dsn, Holding("job", "b", b_fence, 30), rng=random.Random(2)).run()
 
     stalled = Job(
-        chaos_dsn, Holding("job", "a", a_fence, 0.3), rng=random.Random(1), before_batch=stall_then_b_takes_over
+        chaos_dsn,
+        Holding("job", "a", a_fence, 0.3),
+        rng=random.Random(1),
+        before_batch=stall_then_b_takes_over,
     )
     with pytest.raises(Refused, match='stale fencing token 1 for lock "job": fence 2 is now held by b'):
         stalled.run()
@@ -187,7 +202,9 @@ def test_a_holder_frozen_inside_a_fenced_transaction_is_ended_by_the_server(chao
     assert result.acquired and result.fence == fence + 1
     assert time.monotonic() - started < 1.5
     with pytest.raises(psycopg.Error, match="idle-in-transaction timeout"):
-        frozen.execute("INSERT INTO chaos.refusals (lock_name, fence, holder, kind, message) VALUES ('', 0, '', '', '')")
+        frozen.execute(
+            "INSERT INTO chaos.refusals (lock_name, fence, holder, kind, message) VALUES ('', 0, '', '', '')"
+        )
         frozen.commit()
     frozen.close()
 
@@ -206,7 +223,9 @@ def test_an_attempt_that_found_the_lease_row_locked_has_a_history_row(chaos_dsn:
     assert (result.acquired, result.reason) == (False, "row-busy")
     assert result.run_id is not None
     with admin(chaos_dsn) as conn:
-        row = conn.execute("SELECT holder, outcome, reason FROM guardedcron.runs WHERE id = %s", (result.run_id,))
+        row = conn.execute(
+            "SELECT holder, outcome, reason FROM guardedcron.runs WHERE id = %s", (result.run_id,)
+        )
         holder, outcome, reason = row.fetchone() or (None, None, None)
     assert (holder, outcome) == ("blocked", "skipped")
     assert "locked" in reason
@@ -258,7 +277,10 @@ def test_a_skewed_client_clock_changes_nothing(chaos_dsn: str, tmp_path: Path) -
         workload_command("job", "ahead", None, 1.0, tmp_path / "ahead"), cwd=REPO, env=env_ahead, check=False
     )
     behind = subprocess.run(
-        workload_command("job", "behind", None, 1.0, tmp_path / "behind"), cwd=REPO, env=env_behind, check=False
+        workload_command("job", "behind", None, 1.0, tmp_path / "behind"),
+        cwd=REPO,
+        env=env_behind,
+        check=False,
     )
     assert (ahead.returncode, behind.returncode) == (0, 0)
     assert (tmp_path / "behind" / "fence").read_text().strip() == "2"

@@ -96,6 +96,7 @@ class Job:
         after_read: Callable[[int], None] | None = None,
         fenced: bool = True,
         give_up_after: float = 30.0,
+        conn: Connection | None = None,
     ) -> None:
         self.dsn = dsn
         self.holding = holding
@@ -107,7 +108,7 @@ class Job:
         # Only the suite's own control test turns the fence off, to prove the checks see it.
         self.fenced = fenced
         self.give_up_after = give_up_after
-        self._conn: Connection | None = None
+        self._conn = conn  # an open connection to start on, if the caller has one
         self.batches = 0
         self.step = STEPS[0].kind
         self.reconnects = 0
@@ -122,6 +123,11 @@ class Job:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def detach(self) -> Connection | None:
+        """Hand the connection back to the caller instead of closing it."""
+        conn, self._conn = self._conn, None
+        return conn
 
     def _retrying(self, action: Callable[[Connection], T]) -> T:
         deadline = time.monotonic() + self.give_up_after

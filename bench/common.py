@@ -1,0 +1,118 @@
+"""What every benchmark shares: one durable local PostgreSQL, statistics, and Markdown tables.
+
+The server is the same throwaway server the tests use, but durable (fsync and full-page
+writes on, synchronous commit), so WAL figures and commit latency are those of a real
+installation on this machine's disk, and it preloads pg_stat_statements so the
+benchmarks can count the statements each approach sends.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron.guard.migrations import migrate
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+def durable_server() -> ThrowawayPostgres:
+    return ThrowawayPostgres(
+        durable=True,
+        settings=[("shared_preload_libraries", "'pg_stat_statements'"), ("pg_stat_statements.track", "all")],
+    )
+
+
+def fresh_database(server: ThrowawayPostgres, name: str) -> str:
+    dsn = server.create_database(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn)
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    return dsn
+
+
+def connect(dsn: str, name: str = "bench") -> Connection:
+    return psycopg.connect(dsn, autocommit=True, application_name=name)
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile: the value below which `fraction` of the samples fall."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, round(fraction * len(ordered) + 0.5 - 1e-9))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
+
+
+def machine_line(server: ThrowawayPostgres | None = None) -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):  # noqa: SIM115 - read once, at start
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    version = "PostgreSQL ?"
+    if server is not None:
+        out = subprocess.run([str(server.bin / "postgres"), "--version"], capture_output=True, text=True)
+        version = out.stdout.strip().replace("postgres (PostgreSQL)", "PostgreSQL")
+    return (
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, {version}, "
+        f"load average at start {os.getloadavg()[0]:.1f}"
+    )
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *cells: object) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |"]
+        lines.append("|" + "|".join("---" for _ in self.columns) + "|")
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        if self.notes:
+            lines.append("")
+            lines += self.notes
+        return "\n".join(lines) + "\n"
+
+
+def statements_since_reset(conn: Connection, dbname: str) -> dict[str, int]:
+    """Statements the server executed per kind since the last pg_stat_statements_reset()."""
+    rows = conn.execute(
+        "SELECT query, calls FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
+        " WHERE d.datname = %s AND s.toplevel AND query NOT ILIKE '%%pg_stat_statements%%'",
+        (dbname,),
+    ).fetchall()
+    return {str(q): int(c) for q, c in rows}
+
+
+def wal_lsn(conn: Connection) -> int:
+    row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
