@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guardedcron.contract import ENV_DSN, GUARD_CONTAINER, LABEL_NAME
+from guardedcron.contract import ENV_DSN, GUARD_CONTAINER, LABEL_NAME, RUN_DIR
 from guardedcron.devenv.admin_api import AdminApi, ApiError
 from guardedcron.devenv.controlplane import ControlPlane
+from guardedcron.devenv.demo_workload import INVOICE_TABLE
 from guardedcron.devenv.kubelet import Image, ProcessKubelet
 from guardedcron.devenv.postgres import ThrowawayPostgres
 
@@ -61,7 +62,9 @@ def demo_guarded_cronjob() -> dict[str, Any]:
                                         {
                                             "name": ENV_DSN,
                                             "valueFrom": {"secretKeyRef": {"name": "jobs-db", "key": "dsn"}},
-                                        }
+                                        },
+                                        # Spelled out so the process-kubelet maps it to its host folder.
+                                        {"name": "GUARDEDCRON_RUN_DIR", "value": RUN_DIR},
                                     ],
                                 }
                             ]
@@ -115,6 +118,7 @@ def start_cluster(name: str, dsn: str, plane: ControlPlane, stack: ExitStack, sa
             namespaces=[NAMESPACE],
             node_name=f"{name}-node",
             extra_path=[bin_dir],
+            keep_pod_dirs=True,  # removed with the kubelet; kept until then for failure output
             report=lambda line: say(f"[{name}] {line}"),
         )
     )
@@ -174,8 +178,15 @@ def describe_run(cluster: Cluster, job: dict[str, Any]) -> str | None:
                 with contextlib.suppress(ValueError):
                     guard = json.loads(message)
     if guard.get("outcome") == "acquired":
-        verdict = "Succeeded" if "Complete" in done else "Failed"
-        return f"{name}: guard won the lease with fence {guard.get('fence')} -> workload {verdict}"
+        if "Complete" in done:
+            return f"{name}: guard won the lease with fence {guard.get('fence')} -> workload Succeeded"
+        output = "".join(
+            cluster.kubelet.container_log(NAMESPACE, p["metadata"]["name"], "task") for p in pods
+        )
+        return (
+            f"{name}: guard won the lease with fence {guard.get('fence')} -> workload Failed:\n"
+            f"{output[-1500:]}"
+        )
     if guard.get("outcome") == "skipped":
         return (
             f"{name}: Skipped -- {guard.get('reason')}: {guard.get('holder')} "
@@ -200,6 +211,7 @@ def run_demo(*, slots: int | None, say: Say = print, stop: threading.Event | Non
 
         with psycopg.connect(db.dsn(), autocommit=True) as conn:
             migrate(conn)
+            conn.execute(INVOICE_TABLE)
         clusters = []
         for name in ("east", "west"):
             say(f"starting cluster {name!r} (etcd, kube-apiserver, kube-controller-manager) ...")

@@ -13,10 +13,11 @@ import sys
 
 import psycopg
 
+from guardedcron.contract import RUN_DIR
 from guardedcron.guard.errors import StaleFenceError
 from guardedcron.guard.fence import check_fence, read_lease
 
-SCHEMA = """
+INVOICE_TABLE = """
 CREATE TABLE IF NOT EXISTS demo_invoice_batches (
     dedupe_key text PRIMARY KEY,
     fence      bigint      NOT NULL,
@@ -27,10 +28,10 @@ CREATE TABLE IF NOT EXISTS demo_invoice_batches (
 
 
 def main() -> int:
-    lease = read_lease(os.environ.get("GUARDEDCRON_RUN_DIR", "/var/run/guardedcron"))
+    lease = read_lease(os.environ.get("GUARDEDCRON_RUN_DIR", RUN_DIR))
     key = f"slot-{lease.slot}" if lease.slot is not None else f"manual-{lease.holder}"
     with psycopg.connect(os.environ["GUARDEDCRON_DSN"]) as conn:
-        conn.execute(SCHEMA)
+        conn.execute(INVOICE_TABLE)
         conn.commit()
         try:
             with conn.transaction():
