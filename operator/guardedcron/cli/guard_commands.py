@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -204,41 +205,31 @@ def _skip_message(request: Any, result: Any) -> str:
 
 def run_renew(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
+
+    def renew(conn: Any) -> lease_ops.LeaseState:
+        return lease_ops.renew(conn, args.lock, args.holder, fence, seconds)
 
     try:
         fence = int(parse_number("--fence", args.fence, integer=True))
         seconds = parse_number("--lease-seconds", args.lease_seconds)
         lease_ops.check_positive("lease seconds", seconds)
-        lease_ops.check_name("lock", args.lock)
-        lease_ops.check_name("holder", args.holder)
-        timeout = connect_timeout(args)
-        dsn = resolve_dsn(args.dsn)
-        with connect(dsn, timeout) as conn:
-            try:
-                state = lease_ops.renew(conn, args.lock, args.holder, fence, seconds)
-            except Exception as exc:
-                raise_for_database(exc, dsn)
-                raise
     except GuardError as exc:
         say("renew", str(exc))
         return exc.exit_code
-    emit(
-        {
-            "renewed": state.ok,
-            "lock": args.lock,
-            "holder": state.holder,
-            "fence": state.fence,
-            "locked_until": iso(state.locked_until),
-        }
-    )
-    if not state.ok:
-        say("renew", f"not the holder: {args.lock} is held by {state.holder} (fence {state.fence})")
-        return EXIT_NOT_ACQUIRED
-    return EXIT_OK
+    return _holder_call("renew", "renewed", args, renew)
 
 
 def run_release(args: argparse.Namespace) -> int:
+    from guardedcron.guard import lease as lease_ops
+
+    def release(conn: Any) -> lease_ops.LeaseState:
+        return lease_ops.release(conn, args.lock, args.holder, args.outcome)
+
+    return _holder_call("release", "released", args, release)
+
+
+def _holder_call(command: str, done_key: str, args: argparse.Namespace, call: Callable[[Any], Any]) -> int:
+    """Renew and release: checked input, one call as the holder, one JSON answer."""
     from guardedcron.guard import lease as lease_ops
     from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
 
@@ -249,16 +240,16 @@ def run_release(args: argparse.Namespace) -> int:
         dsn = resolve_dsn(args.dsn)
         with connect(dsn, timeout) as conn:
             try:
-                state = lease_ops.release(conn, args.lock, args.holder, args.outcome)
+                state: lease_ops.LeaseState = call(conn)
             except Exception as exc:
                 raise_for_database(exc, dsn)
                 raise
     except GuardError as exc:
-        say("release", str(exc))
+        say(command, str(exc))
         return exc.exit_code
     emit(
         {
-            "released": state.ok,
+            done_key: state.ok,
             "lock": args.lock,
             "holder": state.holder,
             "fence": state.fence,
@@ -267,7 +258,7 @@ def run_release(args: argparse.Namespace) -> int:
     )
     if not state.ok:
         say(
-            "release",
+            command,
             f"not the holder: {args.lock} is held by {state.holder} (fence {state.fence}); nothing changed",
         )
         return EXIT_NOT_ACQUIRED
