@@ -122,7 +122,7 @@ def clusters(control_plane_factory: StartControlPlane, e2e_db: WorkDb) -> dict[s
 
 def _scenario(request: pytest.FixtureRequest, clusters: dict[str, Cluster], db: WorkDb,
               guard_images: tuple[str, ...] = ()) -> Iterator[Scenario]:
-    with Scenario(clusters, db, request.node.name, guard_images) as running:
+    with Scenario(clusters, db, guard_images) as running:
         entry = (f"containers of {request.node.name}", running.container_logs)
         FAILURE_LOGS.append(entry)
         try:

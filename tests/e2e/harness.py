@@ -366,11 +366,10 @@ class Cluster:
 class Scenario:
     """One test's namespaces, kubelets and clean-up across the clusters it uses."""
 
-    def __init__(self, clusters: Mapping[str, Cluster], db: WorkDb, test_name: str,
+    def __init__(self, clusters: Mapping[str, Cluster], db: WorkDb,
                  guard_images: Sequence[str] = ()) -> None:
         self.clusters = clusters
         self.db = db
-        self.test_name = test_name
         self.guard_images = tuple(guard_images)
         self._stack = ExitStack()
         self._kubelets: list[tuple[Cluster, str, ProcessKubelet]] = []
