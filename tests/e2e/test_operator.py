@@ -175,8 +175,9 @@ def test_guarded_cronjob_becomes_its_cronjob_and_runs_report_status(
 ) -> None:
     east = clusters[EAST]
     namespace = operator_scenario.namespace("flow", [east])
-    manifest = guarded_cronjob(NAME, namespace, lease={"heartbeat": True},
-                               spec={"suspend": True})
+    # A lease name that looks like a variable reference reaches the guard as written.
+    manifest = guarded_cronjob(NAME, namespace, spec={"suspend": True}, lease={
+        "heartbeat": True, "name": f"{namespace}/$(HOSTNAME)-lock"})
     gcj = create_gcj(east, manifest)
 
     cronjob = wait_cronjob(east, namespace)
@@ -204,7 +205,7 @@ def test_guarded_cronjob_becomes_its_cronjob_and_runs_report_status(
     job = east.wait_job_finished(namespace, "by-hand")
     assert job_condition(job, "Complete")["status"] == "True"
     lease = operator_scenario.db.lease(lock_of(manifest))
-    assert lease is not None
+    assert lease is not None, f"no lease row named {lock_of(manifest)!r}"
     status = wait_status(east, namespace, "by-hand Succeeded", final_run("by-hand", "Succeeded"))
     run = run_in_status(status, "by-hand")
     assert run is not None
