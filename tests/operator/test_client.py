@@ -114,3 +114,20 @@ async def test_no_server_is_unreachable() -> None:
 async def test_no_credentials_yet_is_unreachable() -> None:
     with pytest.raises(ApiUnreachable, match="no Kubernetes credentials"):
         await KubeClient().get(CRONJOBS, NS, "x")
+
+
+def test_a_refusal_in_a_terminating_namespace_is_recognised() -> None:
+    """What kube-apiserver answers when something is created in a namespace being deleted."""
+    from guardedcron.kube.errors import error_from_response
+
+    body = {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+        "message": 'cronjobs.batch "nightly" is forbidden: unable to create new content in namespace '
+                   "billing because it is being terminated",
+        "details": {"name": "nightly", "group": "batch", "kind": "cronjobs", "causes": [
+            {"reason": "NamespaceTerminating", "message": "namespace billing is being terminated",
+             "field": "metadata.namespace"}]},
+    }
+    assert error_from_response(403, body, "").namespace_terminating
+    rbac = {**body, "message": "cronjobs.batch is forbidden: User cannot patch", "details": {}}
+    assert not error_from_response(403, rbac, "").namespace_terminating

@@ -106,6 +106,10 @@ async def reconcile(observed: Observed, *, client: KubeClient, settings: Operato
             try:
                 cronjob = await client.apply(CRONJOBS, desired)
             except ApiError as error:
+                if error.namespace_terminating:
+                    logger.debug(f"Not applying CronJob {name}: its namespace is being deleted.")
+                    return PassResult(applied=False, status_written=False, apply_error=None,
+                                      not_owned=False)
                 if not error.permanent:
                     raise  # kopf retries with backoff
                 apply_error = error.message

@@ -36,6 +36,14 @@ class ApiError(KubeError):
         wrong (400 bad request, 422 invalid), so only a change of the object fixes it."""
         return self.code in (400, 422)
 
+    @property
+    def namespace_terminating(self) -> bool:
+        """Refused because the namespace is being deleted: there is nothing left to repair."""
+        causes = self.details.get("causes") or ()
+        return self.code == 403 and any(
+            isinstance(cause, Mapping) and cause.get("reason") == "NamespaceTerminating" for cause in causes
+        )
+
 
 class NotFound(ApiError):
     pass
