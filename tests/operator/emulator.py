@@ -60,7 +60,7 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
         verbs={"get", "list", "watch", "create", "delete"}),
     "v1/pods": kmock.ResourceInfo(
         kind="Pod", singular="pod", namespaced=True, subresources={"status"},
-        verbs={"get", "list", "watch"}),
+        verbs={"get", "list", "watch", "create", "patch", "delete"}),
     "v1/events": kmock.ResourceInfo(
         kind="Event", singular="event", namespaced=True, verbs={"create", "patch", "list"}),
     # Every API server has these; kopf looks for them before it starts its watches.

@@ -454,3 +454,10 @@ def test_admitted(edits: list[Edit]) -> None:
         edit(obj)
     _, refusals = admit(obj)
     assert refusals == []
+
+
+def test_last_trigger_token_holds_any_token_the_operator_accepts() -> None:
+    from guardedcron.builders.manual import TRIGGER_TOKEN_MAX
+
+    token = _schema_at(["status", "lastTriggerToken"])
+    assert token["type"] == "string" and token["maxLength"] == TRIGGER_TOKEN_MAX

@@ -62,7 +62,9 @@ def statuses(runs: Runs) -> list[dict[str, Any]]:
     missed = compute([], busy, slot(20), gcj=gcj)
     invalid = compute([], None, slot(20), gcj=the_gcj(schedule="61 * * * *"), cronjob=None,
                       apply_error="refused")
-    return [busy, missed, invalid]
+    triggered = compute([], {**missed, "lastTriggerToken": "x" * 253}, slot(20), gcj=gcj)
+    assert triggered["lastTriggerToken"] == "x" * 253  # kept from the previous status
+    return [busy, missed, invalid, triggered]
 
 
 @pytest.fixture

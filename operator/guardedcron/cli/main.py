@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "two local clusters, one database: watch a guarded job run once per slot"),
     "render": ("render", "print the CronJob the operator would create for a GuardedCronJob"),
     "operator": ("operator", "run the operator: GuardedCronJobs into guarded CronJobs, run status back"),
+    "trigger": ("trigger", "start a manual, guarded run of a GuardedCronJob now (a Job from its CronJob)"),
 }
 
 

@@ -34,6 +34,7 @@ class PassMemory:
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
         self._written: dict[str, Mapping[str, Any]] = {}
+        self._done: dict[str, set[str]] = {}
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
@@ -44,9 +45,23 @@ class PassMemory:
     def remember_status(self, uid: str, status: Mapping[str, Any]) -> None:
         self._written[uid] = status
 
+    def first_time(self, uid: str, action: str) -> bool:
+        """True once per (uid, action) in this process: an action a pass must not repeat
+        on every later pass (a trigger that failed, a pod already asked to stop)."""
+        done = self._done.setdefault(uid, set())
+        if action in done:
+            return False
+        done.add(action)
+        return True
+
+    def forget_action(self, uid: str, action: str) -> None:
+        """Let an action that failed for a passing reason be tried again."""
+        self._done.get(uid, set()).discard(action)
+
     def forget(self, uid: str) -> None:
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
+        self._done.pop(uid, None)
 
 
 @dataclass(frozen=True)
@@ -58,3 +73,7 @@ class OperatorContext:
     namespaces: tuple[str, ...] = ()
     memory: PassMemory = field(default_factory=PassMemory)
     metrics: Metrics = field(default_factory=create_metrics)
+    # spec.lease.onLost StopWorkload may delete pods (the chart grants `delete` on pods).
+    stop_workload: bool = False
+    # Record finished runs' outcomes in the database (the chart grants `get` on Secrets).
+    outcome_recording: bool = False

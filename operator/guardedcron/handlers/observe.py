@@ -114,6 +114,13 @@ def gcj_key(body: Body) -> Key:
     return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
+def controlled_by(obj: Body, uid: str) -> bool:
+    """Whether `obj` has a controller owner reference to the object with this uid."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return bool(uid) and any(
+        isinstance(o, Mapping) and o.get("uid") == uid and o.get("controller") is True for o in owners)
+
+
 def observe(gcj: Body, cronjob: Body | None, *, jobs: Index, pods: Index) -> Observed:
     key = gcj_key(gcj)
     owned_jobs = [packed.unpack() for packed in jobs.get(key) or ()]

@@ -21,17 +21,20 @@ import kopf
 from guardedcron import contract
 from guardedcron.builders import build_cronjob
 from guardedcron.handlers.context import OperatorContext, PassMemory
+from guardedcron.handlers.lease_loss import stop_lost_workloads
 from guardedcron.handlers.observe import (
     Body,
     Index,
     Key,
     Observed,
+    controlled_by,
     gcj_key,
     lookup,
     observe,
     owner_key,
     trimmed,
 )
+from guardedcron.handlers.trigger import act_on_trigger
 from guardedcron.kube import (
     CRONJOBS,
     EVENTS,
@@ -54,7 +57,13 @@ from guardedcron.observability.metrics import (
 )
 from guardedcron.observability.metrics import forget as forget_metrics
 from guardedcron.spec import OperatorSettings, ParsedSpec, Problem, SpecError, parse_guarded_cronjob
-from guardedcron.status import compute_status, schedule_period_seconds, status_changed, status_patch
+from guardedcron.status import (
+    RunEvent,
+    compute_status,
+    schedule_period_seconds,
+    status_changed,
+    status_patch,
+)
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -76,9 +85,12 @@ class PassResult:
 
 
 async def reconcile(observed: Observed, *, client: KubeClient, settings: OperatorSettings,
-                    memory: PassMemory, metrics: Metrics, now: datetime, logger: Logger) -> PassResult:
-    """One pass over one GuardedCronJob: at most one apply and one status patch, then the
-    Events for the run transitions that status records."""
+                    memory: PassMemory, metrics: Metrics, now: datetime, logger: Logger,
+                    stop_workload: bool = False) -> PassResult:
+    """One pass over one GuardedCronJob: at most one apply, a manual Job if the trigger
+    annotation asks for one, at most one status patch, then the Events for the run
+    transitions that status records; then, for `onLost: StopWorkload`, the deletion of
+    pods whose lease was lost (`stop_workload`: the operator is allowed to)."""
     gcj = observed.gcj
     namespace, name = gcj_key(gcj)
     uid = str((gcj.get("metadata") or {}).get("uid") or "")
@@ -119,28 +131,35 @@ async def reconcile(observed: Observed, *, client: KubeClient, settings: Operato
                 logger.info(f"Applied CronJob {name}: {reason}.")
 
     previous = memory.written_status(uid) or gcj.get("status") or {}
+    trigger = await act_on_trigger(gcj, None if not_owned else cronjob, previous, client=client,
+                                   memory=memory, logger=logger)
     status = compute_status(
         gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=cronjob, jobs=observed.jobs,
         pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
-        apply_error=apply_error)
+        apply_error=apply_error, handled_trigger=trigger.handled)
     period = schedule_period_seconds(parsed, now) if parsed is not None else None
     changed = status_changed(previous, status)
     if trouble is not None:
         # Once per change, not once per pass: kopf posts warnings as Events, and a
         # resync over an object that is still invalid must write nothing.
         logger.log(logging.WARNING if changed else logging.DEBUG, trouble)
-    if not changed:
+    events: list[RunEvent] = list(trigger.events)
+    if changed:
+        await client.patch_status(GUARDED_CRONJOBS, namespace, name, status_patch(previous, status))
+        memory.remember_status(uid, status)
+        events = record_status_change(metrics, namespace=namespace, name=name, old_status=previous,
+                                      new_status=status, schedule_period_seconds=period) + events
+    else:
         update_gauges(metrics, namespace=namespace, name=name, status=status,
                       schedule_period_seconds=period)
-        return PassResult(applied=applied, status_written=False, apply_error=apply_error,
-                          not_owned=not_owned)
-    await client.patch_status(GUARDED_CRONJOBS, namespace, name, status_patch(previous, status))
-    memory.remember_status(uid, status)
-    events = record_status_change(metrics, namespace=namespace, name=name, old_status=previous,
-                                  new_status=status, schedule_period_seconds=period)
+    # After the status write, so a stopped pod's run already shows as Lost; on every
+    # pass, not only changed ones, since a pod to stop may outlive the write.
+    events += await stop_lost_workloads(parsed, status, observed.pods_by_job, namespace=namespace,
+                                        uid=uid, client=client, memory=memory,
+                                        allowed=stop_workload, logger=logger)
     for event in events:
         await post_event(client, build_event(gcj, event, now), logger)
-    return PassResult(applied=applied, status_written=True, apply_error=apply_error,
+    return PassResult(applied=applied, status_written=changed, apply_error=apply_error,
                       not_owned=not_owned)
 
 
@@ -155,12 +174,6 @@ async def post_event(client: KubeClient, body: Mapping[str, Any], logger: Logger
         logger.warning(f"Could not post Event {body['reason']}: {error}")
 
 
-def controlled_by(obj: Body, uid: str) -> bool:
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    return bool(uid) and any(
-        isinstance(o, Mapping) and o.get("uid") == uid and o.get("controller") is True for o in owners)
-
-
 async def run_pass(gather: Callable[[], Observed], *, uid: str, context: OperatorContext,
                    logger: Logger) -> PassResult:
     """Gather and reconcile under the GuardedCronJob's lock: passes for one object from
@@ -171,7 +184,8 @@ async def run_pass(gather: Callable[[], Observed], *, uid: str, context: Operato
         with reconcile_timer(context.metrics, namespace=namespace, name=name):
             return await reconcile(observed, client=context.client, settings=context.settings,
                                    memory=context.memory, metrics=context.metrics,
-                                   now=context.clock(), logger=logger)
+                                   now=context.clock(), logger=logger,
+                                   stop_workload=context.stop_workload)
 
 
 # --- what the decorated handlers call ------------------------------------------------

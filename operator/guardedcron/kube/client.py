@@ -127,9 +127,16 @@ class KubeClient:
             body=body, content_type=JSON)
         return result
 
-    async def delete(self, resource: Resource, namespace: str | None, name: str) -> None:
+    async def delete(self, resource: Resource, namespace: str | None, name: str, *,
+                     uid: str | None = None) -> None:
+        """Delete, dependents in the background; with `uid`, only that instance (the API
+        server answers 409 if the name now belongs to another object)."""
+        body: dict[str, Any] | None = None
+        if uid is not None:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
         await self._request("DELETE", resource.path(namespace, name),
-                            params={"propagationPolicy": "Background"})
+                            params={"propagationPolicy": "Background"}, body=body,
+                            content_type=JSON if body is not None else None)
 
     # --- plumbing
 

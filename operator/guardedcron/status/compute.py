@@ -19,7 +19,7 @@ from guardedcron.status import conditions as cond
 from guardedcron.status.history import add_counts, finished_runs, known_records, newest_first
 from guardedcron.status.missed import find_missed_run
 from guardedcron.status.overlap import find_overlaps
-from guardedcron.status.runs import Outcome, RunRecord, classify_run
+from guardedcron.status.runs import STILL_RUNNING, Outcome, RunRecord, bounded_reason, classify_run
 from guardedcron.status.times import format_time, parse_time
 
 DEFAULT_RECENT_RUNS_LIMIT: Final = 10  # the CRD's default, used while the spec is invalid
@@ -29,7 +29,7 @@ DEGRADED_AFTER_GUARD_ERRORS: Final = 3
 _Condition = tuple[str, cond.ConditionStatus, str, str]
 STATUS_KEYS: Final = (
     "observedGeneration", "conditions", "cronJobRef", "nextScheduleTime", "lastScheduleTime",
-    "lastSuccessfulTime", "lastRun", "recentRuns", "runCounts",
+    "lastSuccessfulTime", "lastRun", "recentRuns", "runCounts", "lastTriggerToken",
 )
 
 
@@ -44,6 +44,7 @@ def compute_status(
     previous_status: Mapping[str, Any] | None,
     now: datetime,
     apply_error: str | None = None,
+    handled_trigger: str | None = None,
 ) -> dict[str, Any]:
     """The status to write.
 
@@ -54,6 +55,8 @@ def compute_status(
     - `pods_by_job`: the pods of each Job, by Job name.
     - `apply_error`: why the CronJob cannot be applied (the API server's refusal, or a
       CronJob of that name that this GuardedCronJob does not control), else None.
+    - `handled_trigger`: the `guardedcron.io/trigger` token this pass made a manual run
+      for; else the previous `lastTriggerToken` is kept.
     """
     previous = previous_status or {}
     generation = _generation(gcj, parsed)
@@ -68,6 +71,9 @@ def compute_status(
     if runs:
         status["lastRun"] = runs[0].to_status()
     status["runCounts"] = add_counts(previous.get("runCounts"), finished_runs(previous, status))
+    token = handled_trigger if handled_trigger is not None else previous.get("lastTriggerToken")
+    if isinstance(token, str) and token:
+        status["lastTriggerToken"] = token
     if cronjob is not None:
         status["cronJobRef"] = {"name": str(_get(cronjob, "metadata", "name") or "")}
     if parsed is not None and not parsed.spec.suspend:
@@ -135,16 +141,26 @@ def merge_runs(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]],
 
 
 def keep_known(old: RunRecord, live: RunRecord) -> RunRecord:
-    """The live classification, with what an earlier pass read from the guard's message
-    where the live one has nothing: a pod deleted at the deadline or by the garbage
-    collector takes its termination message along, but the run's holder, fence and
-    start stay what they were (one pod per run, so they cannot have changed)."""
+    """The live classification, with what an earlier pass read from the pod where the live
+    one has nothing: a pod deleted at the deadline or by the garbage collector takes its
+    termination messages along, but the run's holder, fence and start stay what they
+    were (one pod per run, so they cannot have changed), and so does a lost lease."""
+    if old.outcome is Outcome.LOST and live.outcome is not Outcome.LOST:
+        # The keeper's report went with its pod (deleted for onLost: StopWorkload, or at
+        # the deadline); the loss it reported stands, and the Job's end is added to it.
+        lost = old.reason.removesuffix(STILL_RUNNING)
+        live = replace(live, outcome=Outcome.LOST, reason=bounded_reason(
+            f"{lost}; then {live.outcome}: {live.reason}" if live.final else old.reason))
     return replace(
         live,
         holder=live.holder if live.holder is not None else old.holder,
         fence=live.fence if live.fence is not None else old.fence,
         slot=live.slot if live.slot is not None else old.slot,
-        started_at=live.started_at if live.started_at is not None else old.started_at,
+        # The guard's end (when the workload could begin) over the Job's start, which is
+        # all a live record without the pod has.
+        started_at=old.started_at if (live.fence is None and old.fence is not None
+                                      and old.started_at is not None)
+        else live.started_at if live.started_at is not None else old.started_at,
     )
 
 

@@ -36,6 +36,8 @@ from guardedcron.status.times import epoch_minute, format_time, parse_time
 # kubectl create job --from=cronjob/x sets this; the CronJob controller never does.
 ANNOTATION_KUBECTL_INSTANTIATE: Final = "cronjob.kubernetes.io/instantiate"
 REASON_MAX: Final = 512
+# The end of a Lost run's reason while its workload runs on.
+STILL_RUNNING: Final = "; workload still running"
 _LONG_AGO: Final = datetime.min.replace(tzinfo=UTC)  # sorts records without any time last
 # The Job controller's message for a FailJob rule (pkg/controller/job/pod_failure_policy.go).
 _RULE_MESSAGE = re.compile(r"failed with exit code (-?\d+) matching FailJob rule at index (\d+)")
@@ -224,7 +226,7 @@ class _Facts:
 
     def record(self, outcome: Outcome, reason: str, **fields: Any) -> RunRecord:
         values: dict[str, Any] = {
-            "job": self.job, "outcome": outcome, "reason": _bounded(reason), "manual": self.manual,
+            "job": self.job, "outcome": outcome, "reason": bounded_reason(reason), "manual": self.manual,
             "slot": self.slot, "scheduled_at": self.scheduled_at, "started_at": self.job_started,
         }
         values.update(fields)
@@ -306,7 +308,7 @@ def _lost(base: _Facts, keeper: KeeperReport, job: Mapping[str, Any], terminal: 
         why = keeper.problem or "no reason given"
         reason = f"lease lost: keeper exited {contract.EXIT_LEASE_LOST} ({why})"
     if terminal is None:
-        return base.record(Outcome.LOST, reason + "; workload still running", **fields)
+        return base.record(Outcome.LOST, reason + STILL_RUNNING, **fields)
     outcome, result = _terminal_outcome(job, terminal, pod)
     return base.record(Outcome.LOST, f"{reason}; then {outcome}: {result}",
                        finished_at=base.job_finished, **fields)
@@ -459,5 +461,5 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _bounded(reason: str) -> str:
+def bounded_reason(reason: str) -> str:
     return clean_text(reason, REASON_MAX) or ""

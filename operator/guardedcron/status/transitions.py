@@ -36,6 +36,12 @@ class EventReason(StrEnum):
     GUARD_ERROR = "GuardError"
     MISSED_RUN = "MissedRun"
     OVERLAP = "Overlap"
+    # Not from a status difference: posted by the operator when it acts (handlers).
+    MANUAL_RUN_CREATED = "ManualRunCreated"
+    TRIGGER_FAILED = "TriggerFailed"
+    WORKLOAD_STOPPED = "WorkloadStopped"
+    STOP_WORKLOAD_FAILED = "StopWorkloadFailed"
+    OUTCOME_NOT_RECORDED = "OutcomeNotRecorded"
 
 
 _BY_OUTCOME: dict[Outcome, EventReason] = {
@@ -52,6 +58,8 @@ _BY_OUTCOME: dict[Outcome, EventReason] = {
 WARNINGS = frozenset({
     EventReason.RUN_FAILED, EventReason.RUN_TIMED_OUT, EventReason.LEASE_LOST,
     EventReason.GUARD_ERROR, EventReason.MISSED_RUN, EventReason.OVERLAP,
+    EventReason.TRIGGER_FAILED, EventReason.WORKLOAD_STOPPED, EventReason.STOP_WORKLOAD_FAILED,
+    EventReason.OUTCOME_NOT_RECORDED,
 })
 
 
