@@ -102,14 +102,14 @@ class Table:
         return "\n".join(lines) + "\n"
 
 
-def statements_since_reset(conn: Connection, dbname: str) -> dict[str, int]:
-    """Statements the server executed per kind since the last pg_stat_statements_reset()."""
+def statements_since_reset(conn: Connection, dbname: str) -> dict[str, tuple[int, float]]:
+    """Per statement text since the last pg_stat_statements_reset(): (calls, total execution ms)."""
     rows = conn.execute(
-        "SELECT query, calls FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
+        "SELECT query, calls, total_exec_time FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
         " WHERE d.datname = %s AND s.toplevel AND query NOT ILIKE '%%pg_stat_statements%%'",
         (dbname,),
     ).fetchall()
-    return {str(q): int(c) for q, c in rows}
+    return {str(q): (int(c), float(t)) for q, c, t in rows}
 
 
 def wal_lsn(conn: Connection) -> int:

@@ -195,11 +195,19 @@ class CountingConnection:
         return self.conn.execute(query, params)
 
 
-def cost_per_acquisition(
-    dsn: str, dbname: str, approach: Approach, acquisitions: int
-) -> tuple[float, float, float]:
-    """Per acquisition, single client, after a checkpoint: statements the client sent (acquire and
-    the release the next acquisition needs), statements the server completed, WAL bytes."""
+@dataclass(frozen=True)
+class Cost:
+    """Per acquisition: statements sent, statements the server completed, their execution ms, WAL bytes."""
+
+    sent: float
+    completed: float
+    server_ms: float
+    wal_bytes: float
+
+
+def cost_per_acquisition(dsn: str, dbname: str, approach: Approach, acquisitions: int) -> Cost:
+    """Single client, after a checkpoint. Statements sent include the release the next acquisition
+    needs; server execution time is pg_stat_statements' (completed statements, commit excluded)."""
     reset_lock(dsn, approach)
     with connect(dsn, "measure") as meter, connect(dsn, "client") as raw:
         conn = CountingConnection(raw)
@@ -216,8 +224,15 @@ def cost_per_acquisition(
                 approach.release(conn)  # type: ignore[arg-type]
         after = wal_lsn(meter)
         counts = statements_since_reset(meter, dbname)
-    completed = sum(c for q, c in counts.items() if "pg_current_wal_lsn" not in q and "CHECKPOINT" not in q)
-    return conn.statements / acquisitions, completed / acquisitions, (after - before) / acquisitions
+    client = [v for q, v in counts.items() if "pg_current_wal_lsn" not in q and "CHECKPOINT" not in q]
+    completed = sum(calls for calls, _ in client)
+    server_ms = sum(total for _, total in client)
+    return Cost(
+        conn.statements / acquisitions,
+        completed / acquisitions,
+        server_ms / acquisitions,
+        (after - before) / acquisitions,
+    )
 
 
 def run(dsn: str, dbname: str, *, seconds: float = 4.0, clients: int = 16) -> list[Table]:
@@ -231,6 +246,7 @@ def run(dsn: str, dbname: str, *, seconds: float = 4.0, clients: int = 16) -> li
             "p50 ms",
             "p99 ms",
             "statements sent per acquisition (completed)",
+            "server execution ms per acquisition",
             "WAL bytes per acquisition",
             "release",
         ],
@@ -246,7 +262,7 @@ def run(dsn: str, dbname: str, *, seconds: float = 4.0, clients: int = 16) -> li
         sample = client_loop(dsn, index, "solo", seconds, 0.0, time.time())
         rate = sample.wins / sample.seconds
         ours_rate = ours_rate or rate
-        sent, completed, wal = cost_per_acquisition(dsn, dbname, approach, 2000)
+        cost = cost_per_acquisition(dsn, dbname, approach, 2000)
         lat = sample.latencies or []
         single.add(
             approach.name,
@@ -254,8 +270,9 @@ def run(dsn: str, dbname: str, *, seconds: float = 4.0, clients: int = 16) -> li
             f"{rate / ours_rate:.2f}",
             ms(percentile(lat, 0.5)),
             ms(percentile(lat, 0.99)),
-            f"{sent:.2f} ({completed:.2f})",
-            f"{wal:.0f}",
+            f"{cost.sent:.2f} ({cost.completed:.2f})",
+            f"{cost.server_ms:.3f}",
+            f"{cost.wal_bytes:.0f}",
             approach.release_note,
         )
         for mode, hold in (("churn", 0.0), ("held 100 ms", 0.1)):
@@ -280,7 +297,8 @@ def run(dsn: str, dbname: str, *, seconds: float = 4.0, clients: int = 16) -> li
         " client; it includes a refused INSERT and the release statement the advisory locks need before the"
         " next acquisition. In brackets: statements the server completed (pg_stat_statements, top level;"
         " it leaves out failed ones and transaction control). WAL: bytes of WAL written per acquisition"
-        " over 2,000 acquisitions after a CHECKPOINT (full-page images included)."
+        " over 2,000 acquisitions after a CHECKPOINT (full-page images included). Server execution:"
+        " pg_stat_statements' execution time of those statements, without the commit's WAL flush."
     )
     contended.notes.append(
         "churn: every winner lets go at once (lease of 1 µs, or immediate unlock/commit), so every call can"
