@@ -75,3 +75,13 @@ def test_the_command_exits_64_on_bad_settings_without_starting() -> None:
     assert result.stderr.splitlines() == [
         "guardedcron operator: --metrics-port: must be a port number 0-65535 (0: off), not '70000'",
         "guardedcron operator: GUARDEDCRON_GUARD_IMAGE: 'bad image' is not an image reference"]
+
+
+def test_the_switches_for_stopping_workloads_and_recording_outcomes() -> None:
+    options = options_from({"GUARDEDCRON_STOP_WORKLOAD": "true", "GUARDEDCRON_OUTCOME_RECORDING": "False"})
+    assert (options.stop_workload, options.outcome_recording) == (True, False)
+    assert options_from({"GUARDEDCRON_OUTCOME_RECORDING": " TRUE "}).outcome_recording is True
+    with pytest.raises(SettingsError) as error:
+        options_from({"GUARDEDCRON_STOP_WORKLOAD": "yes", "GUARDEDCRON_OUTCOME_RECORDING": "1"})
+    assert [p.field_path for p in error.value.problems] == ["GUARDEDCRON_STOP_WORKLOAD",
+                                                       "GUARDEDCRON_OUTCOME_RECORDING"]

@@ -31,6 +31,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "watchNamespaces": ["billing"],
     },
     "outcome-recording": {"outcomeRecording": {"enabled": True}},
+    "stop-workload": {"stopWorkload": {"enabled": True}},
+    "stop-workload-namespaced": {"stopWorkload": {"enabled": True}, "watchNamespaces": ["billing"]},
     "monitoring": {
         "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
     },
@@ -38,6 +40,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "replicaCount": 2,
         "peering": {"enabled": True, "name": "gc-peers"},
         "outcomeRecording": {"enabled": True},
+        "stopWorkload": {"enabled": True},
         "clusterName": "eu-west-1",
         "guard": {"image": "registry.example/guard:1.2.3", "resources": {"limits": {"cpu": ""}}},
         "image": {"digest": "sha256:" + "ab" * 32},

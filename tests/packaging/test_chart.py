@@ -117,6 +117,7 @@ def test_operator_settings_reach_the_environment() -> None:
     assert env["GUARDEDCRON_GUARD_IMAGE_PULL_POLICY"] == "IfNotPresent"
     assert env["GUARDEDCRON_CLUSTER_NAME"] == "eu-west-1"
     assert env["GUARDEDCRON_OUTCOME_RECORDING"] == "true"
+    assert env["GUARDEDCRON_STOP_WORKLOAD"] == "true"
     assert env["GUARDEDCRON_PEERING"] == "gc-peers"
     assert env["GUARDEDCRON_METRICS_PORT"] == "9090"
     namespaced = env_of(one(render(VALUE_SETS["namespaced"]), "Deployment"))
@@ -124,6 +125,7 @@ def test_operator_settings_reach_the_environment() -> None:
     default = env_of(one(render(), "Deployment"))
     assert default["GUARDEDCRON_NAMESPACES"] == ""
     assert default["GUARDEDCRON_GUARD_IMAGE"] == "ghcr.io/guardedcron/guardedcron:0.1.0"
+    assert default["GUARDEDCRON_STOP_WORKLOAD"] == "false"
 
 
 def test_every_operator_env_name_is_documented_in_the_design() -> None:

@@ -29,6 +29,7 @@ CLUSTER_WIDE = grants(("apiextensions.k8s.io", "customresourcedefinitions", "get
 CLUSTER_PEERING = grants(("kopf.dev", "clusterkopfpeerings", "get list watch patch"))
 NAMESPACED_PEERING = grants(("kopf.dev", "kopfpeerings", "get list watch patch"))
 SECRETS_GET = grants(("", "secrets", "get"))
+PODS_DELETE = grants(("", "pods", "delete"))
 
 
 def flatten(role: dict[str, Any]) -> set[Grant]:
@@ -48,8 +49,9 @@ def flatten(role: dict[str, Any]) -> set[Grant]:
         ("default", ALWAYS | CLUSTER_WIDE),
         ("peering", ALWAYS | CLUSTER_WIDE | CLUSTER_PEERING),
         ("outcome-recording", ALWAYS | CLUSTER_WIDE | SECRETS_GET),
+        ("stop-workload", ALWAYS | CLUSTER_WIDE | PODS_DELETE),
         ("monitoring", ALWAYS | CLUSTER_WIDE),
-        ("everything", ALWAYS | CLUSTER_WIDE | CLUSTER_PEERING | SECRETS_GET),
+        ("everything", ALWAYS | CLUSTER_WIDE | CLUSTER_PEERING | SECRETS_GET | PODS_DELETE),
     ],
 )
 def test_cluster_wide_install_grants_exactly(name: str, expected: set[Grant]) -> None:
@@ -70,6 +72,7 @@ def test_cluster_wide_install_grants_exactly(name: str, expected: set[Grant]) ->
     [
         ("namespaced", ALWAYS),
         ("peering-namespaced", ALWAYS | NAMESPACED_PEERING),
+        ("stop-workload-namespaced", ALWAYS | PODS_DELETE),
     ],
 )
 def test_namespaced_install_grants_exactly_and_only_in_watched_namespaces(
@@ -100,6 +103,9 @@ def test_no_wildcards_and_no_secret_access_beyond_get(name: str) -> None:
             if resource == "secrets":
                 assert verb == "get"
                 assert VALUE_SETS[name].get("outcomeRecording", {}).get("enabled")
+            if verb == "delete":  # only pods, and only when asked for
+                assert resource == "pods"
+                assert VALUE_SETS[name].get("stopWorkload", {}).get("enabled")
 
 
 def test_rbac_can_be_left_to_the_user() -> None:

@@ -100,6 +100,12 @@ Called with (dict "root" $ "clusterWide" bool).
   resources: [{{ ternary "clusterkopfpeerings" "kopfpeerings" .clusterWide | quote }}]
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
+{{- if $values.stopWorkload.enabled }}
+# onLost: StopWorkload: delete the pod of a run whose lease was lost. Only delete.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["delete"]
+{{- end }}
 {{- if $values.outcomeRecording.enabled }}
 # Outcome recording: read the DSN Secret named by a GuardedCronJob. Only get.
 - apiGroups: [""]

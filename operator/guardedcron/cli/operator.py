@@ -26,6 +26,9 @@ ENV_PRIORITY = "GUARDEDCRON_PRIORITY"
 ENV_POD_IP = "GUARDEDCRON_POD_IP"
 ENV_METRICS_PORT = "GUARDEDCRON_METRICS_PORT"
 ENV_LOG_LEVEL = "GUARDEDCRON_LOG_LEVEL"
+ENV_STOP_WORKLOAD = "GUARDEDCRON_STOP_WORKLOAD"
+ENV_OUTCOME_RECORDING = "GUARDEDCRON_OUTCOME_RECORDING"
+BOOLEANS: Mapping[str, bool] = {"true": True, "false": False, "": False}
 
 PRIORITY_FROM_POD_IP = "pod-ip"
 DEFAULT_METRICS_PORT = 9090
@@ -45,6 +48,10 @@ class RunOptions:
     metrics_port: int  # 0: no metrics endpoint
     log_level: str
     liveness: str | None  # kopf's health endpoint URL
+    # Allowed to delete pods for spec.lease.onLost: StopWorkload (the chart grants it).
+    stop_workload: bool = False
+    # Reads DSN Secrets to record finished runs in the database (the chart grants it).
+    outcome_recording: bool = False
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -52,6 +59,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         name, help=help_text, description=help_text,
         epilog=f"Flags win over the environment: ${ENV_NAMESPACES}, ${ENV_PEERING}, "
                f"${ENV_PRIORITY} (with ${ENV_POD_IP}), ${ENV_METRICS_PORT}, ${ENV_LOG_LEVEL}; "
+               f"${ENV_STOP_WORKLOAD} and ${ENV_OUTCOME_RECORDING} (true/false) from the environment only; "
                "builder settings (GUARDEDCRON_GUARD_IMAGE, ...) come from the environment only.")
     parser.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NAME",
                         help="watch only this namespace (repeatable); default: all namespaces")
@@ -142,11 +150,20 @@ def options_from(env: Mapping[str, str], args: argparse.Namespace | None = None)
     if level not in LOG_LEVELS:
         problems.append(Problem(level_source, f"must be one of {', '.join(LOG_LEVELS)}, not {level!r}"))
 
+    switches: dict[str, bool] = {}
+    for variable in (ENV_STOP_WORKLOAD, ENV_OUTCOME_RECORDING):
+        text = env.get(variable, "").strip().lower()
+        if text not in BOOLEANS:
+            problems.append(Problem(variable, f"must be true or false, not {text!r}"))
+        switches[variable] = BOOLEANS.get(text, False)
+
     if problems:
         raise SettingsError(problems)
     liveness = getattr(args, "liveness", None) if args is not None else None
     return RunOptions(namespaces=namespaces, peering=peering, priority=priority,
-                      metrics_port=port, log_level=level, liveness=liveness)
+                      metrics_port=port, log_level=level, liveness=liveness,
+                      stop_workload=switches[ENV_STOP_WORKLOAD],
+                      outcome_recording=switches[ENV_OUTCOME_RECORDING])
 
 
 def priority_from_ip(text: str) -> int:
@@ -175,7 +192,9 @@ async def run_operator(options: RunOptions, settings: OperatorSettings, *,
     from guardedcron.kube import KubeClient
     from guardedcron.observability.metrics import start_metrics_server
 
-    context = OperatorContext(client=KubeClient(), settings=settings, namespaces=options.namespaces)
+    context = OperatorContext(client=KubeClient(), settings=settings, namespaces=options.namespaces,
+                              stop_workload=options.stop_workload,
+                              outcome_recording=options.outcome_recording)
     server = (await start_metrics_server(options.metrics_port, context.metrics.registry)
               if options.metrics_port else None)
     try:

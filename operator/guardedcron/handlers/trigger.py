@@ -81,6 +81,8 @@ async def act_on_trigger(gcj: Body, cronjob: Body | None, previous_status: Mappi
         logger.info(f"Job {name} for trigger token {token!r} already exists.")
         return TriggerResult(handled=token)
     except ApiError as error:
+        if error.namespace_terminating:
+            return TriggerResult()  # the namespace is going away, and its runs with it
         return refused(f"the API server refused Job {name}: {error}")
     logger.info(f"Created Job {name} for trigger token {token!r}.")
     message = f"manual run {name} created for trigger token {token!r}"
