@@ -57,10 +57,12 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
         verbs={"get", "list", "watch", "patch", "create", "delete"}),
     "batch/v1/jobs": kmock.ResourceInfo(
         kind="Job", singular="job", namespaced=True, subresources={"status"},
-        verbs={"get", "list", "watch", "create", "delete"}),
+        verbs={"get", "list", "watch", "create", "patch", "delete"}),
     "v1/pods": kmock.ResourceInfo(
         kind="Pod", singular="pod", namespaced=True, subresources={"status"},
         verbs={"get", "list", "watch", "create", "patch", "delete"}),
+    "v1/secrets": kmock.ResourceInfo(
+        kind="Secret", singular="secret", namespaced=True, verbs={"get", "create"}),
     "v1/events": kmock.ResourceInfo(
         kind="Event", singular="event", namespaced=True, verbs={"create", "patch", "list"}),
     # Every API server has these; kopf looks for them before it starts its watches.

@@ -38,10 +38,12 @@ async def observe_everything(client: KubeClient, namespace: str, name: str) -> O
 
 
 async def full_pass(client: KubeClient, namespace: str, name: str, *, now: datetime,
-                    memory: PassMemory, stop_workload: bool = False) -> PassResult:
+                    memory: PassMemory, stop_workload: bool = False,
+                    outcome_recording: bool = False) -> PassResult:
     return await reconcile(await observe_everything(client, namespace, name), client=client,
                            settings=SETTINGS, memory=memory, metrics=create_metrics(), now=now,
-                           logger=logging.getLogger("tests.operator"), stop_workload=stop_workload)
+                           logger=logging.getLogger("tests.operator"), stop_workload=stop_workload,
+                           outcome_recording=outcome_recording)
 
 
 def _without_server_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from guardedcron.handlers.observe import (
     owner_key,
     trimmed,
 )
+from guardedcron.handlers.outcomes import record_outcomes
 from guardedcron.handlers.trigger import act_on_trigger
 from guardedcron.kube import (
     CRONJOBS,
@@ -64,6 +65,7 @@ from guardedcron.status import (
     status_changed,
     status_patch,
 )
+from guardedcron.status.outcomes import outcomes_to_record
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -86,11 +88,12 @@ class PassResult:
 
 async def reconcile(observed: Observed, *, client: KubeClient, settings: OperatorSettings,
                     memory: PassMemory, metrics: Metrics, now: datetime, logger: Logger,
-                    stop_workload: bool = False) -> PassResult:
+                    stop_workload: bool = False, outcome_recording: bool = False) -> PassResult:
     """One pass over one GuardedCronJob: at most one apply, a manual Job if the trigger
     annotation asks for one, at most one status patch, then the Events for the run
     transitions that status records; then, for `onLost: StopWorkload`, the deletion of
-    pods whose lease was lost (`stop_workload`: the operator is allowed to)."""
+    pods whose lease was lost (`stop_workload`: the operator is allowed to); with
+    `outcome_recording`, the outcomes of runs that just finished go to the database."""
     gcj = observed.gcj
     namespace, name = gcj_key(gcj)
     uid = str((gcj.get("metadata") or {}).get("uid") or "")
@@ -149,6 +152,10 @@ async def reconcile(observed: Observed, *, client: KubeClient, settings: Operato
         memory.remember_status(uid, status)
         events = record_status_change(metrics, namespace=namespace, name=name, old_status=previous,
                                       new_status=status, schedule_period_seconds=period) + events
+        if outcome_recording:
+            # Once per run: when its record turns final, which happens in one written status.
+            events += await record_outcomes(parsed, outcomes_to_record(previous, status),
+                                            namespace=namespace, client=client, logger=logger)
     else:
         update_gauges(metrics, namespace=namespace, name=name, status=status,
                       schedule_period_seconds=period)
@@ -185,7 +192,8 @@ async def run_pass(gather: Callable[[], Observed], *, uid: str, context: Operato
             return await reconcile(observed, client=context.client, settings=context.settings,
                                    memory=context.memory, metrics=context.metrics,
                                    now=context.clock(), logger=logger,
-                                   stop_workload=context.stop_workload)
+                                   stop_workload=context.stop_workload,
+                                   outcome_recording=context.outcome_recording)
 
 
 # --- what the decorated handlers call ------------------------------------------------

@@ -3,7 +3,7 @@
 from guardedcron.kube.client import KubeClient
 from guardedcron.kube.credentials import discover_credentials
 from guardedcron.kube.errors import ApiError, ApiUnreachable, Conflict, KubeError, NotFound, Unauthorized
-from guardedcron.kube.resources import CRONJOBS, EVENTS, GUARDED_CRONJOBS, JOBS, PODS, Resource
+from guardedcron.kube.resources import CRONJOBS, EVENTS, GUARDED_CRONJOBS, JOBS, PODS, SECRETS, Resource
 from guardedcron.kube.ssa import apply_needed
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "GUARDED_CRONJOBS",
     "JOBS",
     "PODS",
+    "SECRETS",
     "ApiError",
     "ApiUnreachable",
     "Conflict",

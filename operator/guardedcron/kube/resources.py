@@ -41,3 +41,5 @@ JOBS = Resource("batch", "v1", "jobs", "Job")
 PODS = Resource("", "v1", "pods", "Pod")
 # core/v1 Events: what `kubectl describe` lists for an object.
 EVENTS = Resource("", "v1", "events", "Event")
+# Read only for outcome recording (the DSN a GuardedCronJob names), with `get` alone.
+SECRETS = Resource("", "v1", "secrets", "Secret")

@@ -1,0 +1,124 @@
+"""Outcome recording (`GUARDEDCRON_OUTCOME_RECORDING=true`, off by default): for each run
+that finished having held the lease, the operator calls the guard's
+`release_v1(lock, holder, outcome, reason)` in the GuardedCronJob's database.
+
+That records `succeeded`/`failed` on the run's history row while it is still `running`
+(a run without the keeper: nothing else ends it), and ends the lease early if the
+finished run still holds it (`locked_until` becomes now, or the minimum hold). It never
+touches someone else's lease: release_v1 changes nothing unless `holder` is the lease's
+holder, and holders are unique per pod.
+
+The DSN is read from the Secret the spec names only when there is something to record,
+kept in a local variable for that one connection, and never logged: messages name
+`user@host:port/dbname` and are scrubbed of the password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from guardedcron.guard.connection import SCHEMA_MISSING_STATES, describe, first_line, scrub
+from guardedcron.kube import SECRETS, ApiError, KubeClient, KubeError, NotFound
+from guardedcron.spec import ParsedSpec
+from guardedcron.status import EventReason, RunEvent
+from guardedcron.status.outcomes import OutcomeRecord
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+CONNECT_TIMEOUT_SECONDS = 5
+# Connect plus one short call per run: a pass never waits longer than this on the database.
+RECORDING_TIMEOUT_SECONDS = 15.0
+APPLICATION_NAME = "guardedcron-operator"
+
+
+class NotRecorded(Exception):
+    """Why the outcomes could not be recorded; the message holds no secret."""
+
+
+async def record_outcomes(parsed: ParsedSpec | None, records: Sequence[OutcomeRecord], *,
+                          namespace: str, client: KubeClient, logger: Logger) -> list[RunEvent]:
+    """Record each finished run; an `OutcomeNotRecorded` Event for each that could not be."""
+    if parsed is None or not records:
+        return []
+    try:
+        dsn = await read_dsn(client, namespace, parsed)
+        answers = await asyncio.wait_for(_release_all(dsn, parsed.spec.lease.name, records),
+                                         RECORDING_TIMEOUT_SECONDS)
+    except TimeoutError:
+        return _not_recorded(records, f"the database did not answer within {RECORDING_TIMEOUT_SECONDS:g} s")
+    except NotRecorded as error:
+        return _not_recorded(records, str(error))
+    for record, (released, holder) in zip(records, answers, strict=True):
+        if released:
+            logger.info(f"Recorded run {record.job} as {record.outcome} in the database "
+                        f"(lease of {record.holder}, fence {record.fence}, ended).")
+        else:
+            logger.info(f"Run {record.job} not recorded: the lease is now held by {holder or 'nobody'}, "
+                        "not by the run (its history row was ended by the takeover).")
+    return []
+
+
+async def read_dsn(client: KubeClient, namespace: str, parsed: ParsedSpec) -> str:
+    ref = parsed.spec.lease.database_secret_ref
+    where = f"Secret {namespace}/{ref.name}"
+    try:
+        secret = await client.get(SECRETS, namespace, ref.name)
+    except NotFound:
+        raise NotRecorded(f"{where} (spec.lease.databaseSecretRef) does not exist") from None
+    except ApiError as error:
+        if error.code == 403:
+            raise NotRecorded(f"the operator may not read {where}: outcome recording needs `get` on "
+                              "Secrets (chart value outcomeRecording.enabled=true)") from None
+        raise NotRecorded(f"reading {where} failed: {error}") from None
+    except KubeError as error:
+        raise NotRecorded(f"reading {where} failed: {error}") from None
+    encoded = (secret.get("data") or {}).get(ref.key)
+    if not isinstance(encoded, str):
+        raise NotRecorded(f"{where} has no key {ref.key!r}")
+    try:
+        return base64.b64decode(encoded, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise NotRecorded(f"{where} key {ref.key!r} is not base64-encoded UTF-8 text") from None
+
+
+async def _release_all(dsn: str, lock: str,
+                       records: Sequence[OutcomeRecord]) -> list[tuple[bool, str | None]]:
+    # Imported here: an operator that does not record outcomes never loads the driver.
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise NotRecorded("the database DSN cannot be parsed (value not shown)") from None
+    try:
+        connection = await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, application_name=APPLICATION_NAME)
+    except psycopg.Error as error:
+        reason = first_line(scrub(str(error), dsn))
+        raise NotRecorded(f"cannot reach database {describe(dsn)}: {reason}") from None
+    answers = []
+    try:
+        async with connection:
+            for record in records:
+                cursor = await connection.execute(
+                    "SELECT released, holder FROM guardedcron.release_v1(%s, %s, %s, %s)",
+                    (lock, record.holder, record.outcome, record.reason))
+                row = await cursor.fetchone()
+                answers.append((bool(row and row[0]), None if row is None or row[1] is None else str(row[1])))
+    except psycopg.Error as error:
+        if error.sqlstate in SCHEMA_MISSING_STATES:
+            raise NotRecorded(f"the guardedcron schema in {describe(dsn)} is missing or outdated; "
+                              "run `guardedcron db migrate`") from None
+        raise NotRecorded(f"database {describe(dsn)}: {first_line(scrub(str(error), dsn))}") from None
+    return answers
+
+
+def _not_recorded(records: Sequence[OutcomeRecord], why: str) -> list[RunEvent]:
+    return [RunEvent(EventReason.OUTCOME_NOT_RECORDED,
+                     f"outcome {record.outcome} of run {record.job} not recorded in the database: {why}; "
+                     "its lease ends when it runs out", subject=record.job) for record in records]

@@ -1,0 +1,147 @@
+"""Outcome recording (GUARDEDCRON_OUTCOME_RECORDING) with a real PostgreSQL and the API
+emulator: a finished run's outcome reaches the history and its lease ends early; a lease
+someone else holds is never touched; failures are Events that carry no password."""
+
+from __future__ import annotations
+
+import base64
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from guardedcron.guard import lease as lease_ops
+from guardedcron.guard.lease import AcquireRequest
+from guardedcron.handlers.context import PassMemory
+from guardedcron.kube import SECRETS, KubeClient
+from tests.operator.conftest import T0, create_gcj, one_pass
+from tests.operator.emulator import GuardedEmulator
+from tests.operator.runs_support import full_pass, store_run
+from tests.unit import status_objects as k
+from tests.unit.gcj_fixtures import base_gcj
+from tests.unit.status_world import Runs
+
+NS, NAME, LOCK = k.NAMESPACE, k.CRONJOB, f"{k.NAMESPACE}/{k.CRONJOB}"
+AT = T0 - timedelta(minutes=10)
+
+
+@pytest.fixture
+def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Runs:
+    return Runs(tmp_path, monkeypatch)
+
+
+async def secret(client: KubeClient, dsn: str, key: str = "dsn") -> None:
+    await client.create(SECRETS, NS, {"apiVersion": "v1", "kind": "Secret",
+                                      "metadata": {"name": "jobs-db", "namespace": NS},
+                                      "data": {key: base64.b64encode(dsn.encode()).decode()}})
+
+
+def database(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def lease_and_runs(dsn: str) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
+    with database(dsn) as conn:
+        lease = conn.execute("SELECT holder, locked_until > clock_timestamp() FROM guardedcron.leases"
+                             " WHERE lock_name = %s", (LOCK,)).fetchone()
+        rows = conn.execute("SELECT holder, outcome, reason FROM guardedcron.runs WHERE lock_name = %s"
+                            " ORDER BY id", (LOCK,)).fetchall()
+    assert lease is not None
+    return lease, rows
+
+
+def not_recorded(api: GuardedEmulator) -> list[dict[str, Any]]:
+    return [r.data for r in api.writes() if r.method.value == "POST" and r.url.path.endswith("/events")
+            and r.data["reason"] == "OutcomeNotRecorded"]
+
+
+def secret_reads(api: GuardedEmulator) -> int:
+    return sum(1 for r in api.requests_list() if r.url.path.endswith("/secrets/jobs-db"))
+
+
+async def test_a_finished_run_is_recorded_once_and_its_lease_ends(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, dsn: str) -> None:
+    job, pods = runs.succeeded(AT, 1)
+    with database(dsn) as conn:
+        assert lease_ops.acquire(conn, AcquireRequest(LOCK, k.holder_of(job), 3600)).acquired
+    await secret(client, dsn)
+    await create_gcj(client, base_gcj())
+    await one_pass(client, NS, NAME, now=T0)
+    await store_run(client, job, pods)
+    memory = PassMemory()
+
+    await full_pass(client, NS, NAME, now=T0, memory=memory, outcome_recording=True)
+
+    lease, rows = lease_and_runs(dsn)
+    assert lease == (k.holder_of(job), False)  # released: no longer held
+    assert [(h, o) for h, o, _ in rows] == [(k.holder_of(job), "succeeded")]
+    assert rows[0][2].startswith("Succeeded (reported by the operator): workload completed")
+    assert not_recorded(api) == []
+    reads = secret_reads(api)
+    assert reads == 1
+
+    await full_pass(client, NS, NAME, now=T0 + timedelta(seconds=5), memory=memory, outcome_recording=True)
+    assert secret_reads(api) == reads  # nothing new finished: the Secret is not read again
+
+
+async def test_a_lease_taken_over_is_left_to_its_holder(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, dsn: str) -> None:
+    job, pods = runs.failed(AT, 1)
+    with database(dsn) as conn:
+        assert lease_ops.acquire(conn, AcquireRequest(LOCK, "eu-2/billing/other", 3600)).acquired
+    await secret(client, dsn)
+    await create_gcj(client, base_gcj())
+    await one_pass(client, NS, NAME, now=T0)
+    await store_run(client, job, pods)
+
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory(), outcome_recording=True)
+
+    lease, rows = lease_and_runs(dsn)
+    assert lease == ("eu-2/billing/other", True)
+    assert [(h, o) for h, o, _ in rows] == [("eu-2/billing/other", "running")]
+    assert not_recorded(api) == []
+
+
+async def test_off_by_default_reads_no_secret(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, dsn: str) -> None:
+    job, pods = runs.succeeded(AT, 1)
+    with database(dsn) as conn:
+        lease_ops.acquire(conn, AcquireRequest(LOCK, k.holder_of(job), 3600))
+    await secret(client, dsn)
+    await create_gcj(client, base_gcj())
+    await one_pass(client, NS, NAME, now=T0)
+    await store_run(client, job, pods)
+
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory())
+
+    assert secret_reads(api) == 0
+    assert lease_and_runs(dsn)[1][0][1] == "running"
+
+
+@pytest.mark.parametrize(("setup", "expected"), [
+    ("no-secret", "Secret billing/jobs-db (spec.lease.databaseSecretRef) does not exist"),
+    ("wrong-key", "Secret billing/jobs-db has no key 'dsn'"),
+    ("unreachable", "cannot reach database guardedcron@127.0.0.1:1/nowhere: "),
+])
+async def test_failures_are_events_without_the_password(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, setup: str, expected: str) -> None:
+    password = "s3cret-pw-7"
+    unreachable = f"postgresql://guardedcron:{password}@127.0.0.1:1/nowhere?connect_timeout=1"
+    if setup == "wrong-key":
+        await secret(client, unreachable, key="url")
+    elif setup == "unreachable":
+        await secret(client, unreachable)
+    job, pods = runs.succeeded(AT, 1)
+    await create_gcj(client, base_gcj())
+    await one_pass(client, NS, NAME, now=T0)
+    await store_run(client, job, pods)
+
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory(), outcome_recording=True)
+
+    (event,) = not_recorded(api)
+    message = event["message"]
+    assert expected in message
+    assert password not in message and event["type"] == "Warning"
+    assert job["metadata"]["name"] in message
