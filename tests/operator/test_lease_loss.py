@@ -4,18 +4,22 @@ operator without the right says so in an Event instead; `Record` only records.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kopf.testing import KopfRunner
 
-from guardedcron.handlers.context import PassMemory
+from guardedcron.handlers.context import OperatorContext, PassMemory
+from guardedcron.handlers.registry import build_registry
 from guardedcron.kube import KubeClient
-from tests.operator.conftest import T0, create_gcj, one_pass
+from tests.operator.conftest import SETTINGS, T0, FakeClock, create_gcj, one_pass
 from tests.operator.emulator import GuardedEmulator
 from tests.operator.runs_support import full_pass, store_run
+from tests.operator.test_operator_runs import eventually, kubeconfig  # noqa: F401 (a fixture)
 from tests.unit import status_objects as k
 from tests.unit.gcj_fixtures import base_gcj, put
 from tests.unit.status_world import Runs
@@ -128,3 +132,26 @@ async def test_a_finished_lost_run_has_nothing_to_stop(
 
     assert deletes(api) == []
     assert json.dumps(reasons(api)) == '["LeaseLost"]'
+
+
+@pytest.mark.usefixtures("kubeconfig")
+async def test_the_running_operator_stops_a_lost_run_from_the_pod_event(
+        api: GuardedEmulator, client: KubeClient, runs: Runs) -> None:
+    """Through kopf: the keeper's report arriving as a pod event is enough (the operator's
+    switch reaches the pass), and the deletion follows within the pass."""
+    body = put(put(base_gcj(), "spec.lease.heartbeat", True), "spec.lease.onLost", "StopWorkload")
+    await create_gcj(client, body)
+    context = OperatorContext(client=KubeClient(), settings=SETTINGS, clock=FakeClock(),
+                              namespaces=(NS,), stop_workload=True)
+    runner = KopfRunner(["run", "--standalone", "--namespace", NS], registry=build_registry(context),
+                        timeout=30)
+    runner.__enter__()
+    try:
+        await eventually(lambda: api.object("batch/v1/cronjobs", NS, NAME), "the CronJob applied")
+        job, pods = runs.lost(AT, 41, finished=False)
+        await store_run(client, job, pods)
+        await eventually(lambda: api.object(POD_RES, NS, k.pod_name(job)) is None, "the pod deleted")
+        await eventually(lambda: "WorkloadStopped" in reasons(api), "the WorkloadStopped Event")
+    finally:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
+    assert runner.exit_code == 0, runner.output
