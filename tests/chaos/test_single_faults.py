@@ -20,7 +20,7 @@ import pytest
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.fence import check_fence
 from guardedcron.guard.lease import AcquireRequest
-from tests.chaos.harness import workload_command, workload_env
+from tests.chaos.contenders import workload_command, workload_env
 from tests.chaos.invariants import (
     Findings,
     check_duplicates,
