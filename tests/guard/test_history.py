@@ -112,3 +112,33 @@ def test_runs_cli_lists_and_marks_abandoned(dsn: str) -> None:
     assert isinstance(runs, list) and runs[0]["outcome"] == "abandoned"
     assert "ran out" in runs[0]["reason"]
     assert report["overlaps"] == []
+
+
+def test_gaps_are_not_reported_before_the_oldest_run_retention_kept(dsn: str) -> None:
+    """Retention prunes old runs; the default gap window must not call their absence a gap."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT date_trunc('hour', clock_timestamp()) - interval '1 hour'").fetchone()
+        assert row is not None
+        hour: datetime = row[0]
+        for minute in (0, 5, 10, 20, 25):  # :15 is missing; everything before :00 was "pruned"
+            when = hour + timedelta(minutes=minute)
+            conn.execute(
+                "INSERT INTO guardedcron.runs (lock_name, slot, holder, fence, started_at, finished_at,"
+                " outcome) VALUES ('job', %s, 'h', %s, %s, %s, 'succeeded')",
+                (
+                    history.slot_of(when),
+                    minute + 1,
+                    when + timedelta(seconds=5),
+                    when + timedelta(seconds=30),
+                ),
+            )
+    until = (hour + timedelta(minutes=25)).isoformat()
+    result = run_cli(
+        ["runs", "--lock", "job", "--gaps", "--schedule", "*/5 * * * *", "--until", until, "--json"], dsn=dsn
+    )
+    assert result.code == 1, result.stderr
+    report = result.json
+    assert [g["expected_at"] for g in report["gaps"]] == [  # type: ignore[index]
+        (hour + timedelta(minutes=15)).isoformat()
+    ]
+    assert report["gap_window"]["expected"] == 6  # type: ignore[index]  # :00 to :25, not 7 days

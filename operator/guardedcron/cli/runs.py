@@ -102,11 +102,18 @@ def _run(args: argparse.Namespace) -> int:
                     for o in history.find_overlaps(conn, args.lock)
                 ]
             if schedule is not None and zone is not None:
-                row = conn.execute("SELECT clock_timestamp()").fetchone()
+                row = conn.execute(
+                    "SELECT clock_timestamp(), min(started_at) FROM guardedcron.runs WHERE lock_name = %s",
+                    (args.lock,),
+                ).fetchone()
                 assert row is not None
                 db_now: datetime = row[0]
+                oldest_kept: datetime | None = row[1]
                 end = until or db_now - tolerance
                 start = since or end - DEFAULT_GAP_WINDOW
+                if since is None and oldest_kept is not None:
+                    # Before the oldest run retention kept, a missing run is not a gap.
+                    start = max(start, oldest_kept - tolerance)
                 # iter_between excludes its start; the window includes it.
                 expected = list(schedule.iter_between(start - timedelta(microseconds=1), end, zone))
                 gaps = history.find_gaps(conn, args.lock, expected, tolerance)
