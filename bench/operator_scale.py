@@ -73,8 +73,13 @@ def count(api: GuardedEmulator, since: int, objects: int) -> dict[str, float]:
     requests = api.requests_list()[since:]
     reads = [r for r in requests if r.method.value in READS]
     writes = api.writes(since)
-    return {"requests": len(requests), "reads": len(reads), "writes": len(writes),
-            "reads_per_object": len(reads) / objects, "writes_per_object": len(writes) / objects}
+    return {
+        "requests": len(requests),
+        "reads": len(reads),
+        "writes": len(writes),
+        "reads_per_object": len(reads) / objects,
+        "writes_per_object": len(writes) / objects,
+    }
 
 
 async def main(objects: int, namespaces: int, phase_seconds: float) -> dict[str, Any]:
@@ -88,8 +93,9 @@ async def main(objects: int, namespaces: int, phase_seconds: float) -> dict[str,
                 await process.wait()
 
 
-async def measure(objects: int, namespaces: int, phase_seconds: float,
-                  running: list[asyncio.subprocess.Process]) -> dict[str, Any]:
+async def measure(
+    objects: int, namespaces: int, phase_seconds: float, running: list[asyncio.subprocess.Process]
+) -> dict[str, Any]:
     async with GuardedEmulator() as api, kmock.Server(api):
         api.declare_resources()
         url = str(api.url).rstrip("/")
@@ -101,28 +107,51 @@ async def measure(objects: int, namespaces: int, phase_seconds: float,
 
         workdir = Path(tempfile.mkdtemp(prefix="guardedcron-bench-"))
         kubeconfig = workdir / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-            "users": [{"name": "bench", "user": {"token": "bench"}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "bench"}}]}))
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "GUARDEDCRON_METRICS_PORT": "0",
-               "GUARDEDCRON_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info")}
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "emulator",
+                    "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+                    "users": [{"name": "bench", "user": {"token": "bench"}}],
+                    "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "bench"}}],
+                }
+            )
+        )
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "GUARDEDCRON_METRICS_PORT": "0",
+            "GUARDEDCRON_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info"),
+        }
 
         def ready_count() -> int:
-            return sum(1 for key, obj in api.objects.items()
-                       if key[0].plural == "guardedcronjobs" and not obj.deleted
-                       and any(c["type"] == "Ready" and c["status"] == "True"
-                               for c in obj.get("status", {}).get("conditions", ())))
+            return sum(
+                1
+                for key, obj in api.objects.items()
+                if key[0].plural == "guardedcronjobs"
+                and not obj.deleted
+                and any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in obj.get("status", {}).get("conditions", ())
+                )
+            )
 
         def cronjob_count() -> int:
-            return sum(1 for key, obj in api.objects.items()
-                       if key[0].plural == "cronjobs" and not obj.deleted)
+            return sum(
+                1 for key, obj in api.objects.items() if key[0].plural == "cronjobs" and not obj.deleted
+            )
 
         async def start(log: Path) -> asyncio.subprocess.Process:
             return await asyncio.create_subprocess_exec(
-                GUARDEDCRON, "operator", "--standalone", env=env,
-                stdout=asyncio.subprocess.DEVNULL, stderr=log.open("w"))
+                GUARDEDCRON,
+                "operator",
+                "--standalone",
+                env=env,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log.open("w"),
+            )
 
         async def stop(process: asyncio.subprocess.Process) -> None:
             process.send_signal(signal.SIGTERM)
@@ -147,8 +176,11 @@ async def measure(objects: int, namespaces: int, phase_seconds: float,
         process = await start(second_log)
         running.append(process)
         restart_started = time.monotonic()
-        await wait_for(lambda: second_log.read_text().count("Resuming is processed") >= objects,
-                       "every object resumed", phase_seconds)
+        await wait_for(
+            lambda: second_log.read_text().count("Resuming is processed") >= objects,
+            "every object resumed",
+            phase_seconds,
+        )
         resumed_s = time.monotonic() - restart_started
         await asyncio.sleep(3)
         idle = count(api, since, objects)
@@ -157,13 +189,18 @@ async def measure(objects: int, namespaces: int, phase_seconds: float,
         await stop(process)
 
     return {
-        "objects": objects, "namespaces": namespaces,
+        "objects": objects,
+        "namespaces": namespaces,
         "start_to_all_cronjobs_applied_s": round(applied_s, 1),
         "start_to_all_ready_s": round(applied_s + ready_s, 1),
-        "create": create, "operator_cpu_s_first_start": round(cpu_first, 1),
-        "rss_mib_at_all_objects": round(rss, 1), "rss_peak_mib": round(peak, 1),
-        "restart_to_all_resumed_s": round(resumed_s, 1), "idle_resync": idle,
-        "rss_mib_after_restart": round(idle_rss, 1), "rss_peak_mib_after_restart": round(idle_peak, 1),
+        "create": create,
+        "operator_cpu_s_first_start": round(cpu_first, 1),
+        "rss_mib_at_all_objects": round(rss, 1),
+        "rss_peak_mib": round(peak, 1),
+        "restart_to_all_resumed_s": round(resumed_s, 1),
+        "idle_resync": idle,
+        "rss_mib_after_restart": round(idle_rss, 1),
+        "rss_peak_mib_after_restart": round(idle_peak, 1),
         "operator_cpu_s_restart": round(cpu_restart, 1),
         "load_average_1m_at_end": os.getloadavg()[0],
     }
