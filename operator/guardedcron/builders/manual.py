@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from guardedcron import contract
+from guardedcron.objects import get_path
 
 MANUAL_INFIX: Final = "-manual-"
 JOB_NAME_MAX: Final = 63  # the Job's name is also a label value on its pods
@@ -77,7 +78,7 @@ def trigger_token_problem(token: str) -> str | None:
 def unguarded_reason(cronjob: Mapping[str, Any]) -> str | None:
     """Why a Job from this CronJob would not be guarded, or None when the guard is its first
     init container (as the operator builds it)."""
-    init = _get(cronjob, "spec", "jobTemplate", "spec", "template", "spec", "initContainers")
+    init = get_path(cronjob, "spec", "jobTemplate", "spec", "template", "spec", "initContainers")
     if not isinstance(init, list) or not init or not isinstance(init[0], Mapping) \
             or init[0].get("name") != contract.GUARD_CONTAINER:
         return f"its job template does not start with the {contract.GUARD_CONTAINER} init container"
@@ -98,11 +99,11 @@ def build_manual_job(cronjob: Mapping[str, Any], *, job_name: str, started_by: s
     problem = unguarded_reason(cronjob)
     if problem is not None:
         raise ManualRunError(problem)
-    metadata = _get(cronjob, "metadata") or {}
+    metadata = get_path(cronjob, "metadata") or {}
     name, namespace, uid = metadata.get("name"), metadata.get("namespace"), metadata.get("uid")
     if not (isinstance(name, str) and isinstance(namespace, str) and isinstance(uid, str) and uid):
         raise ManualRunError("the CronJob has no name, namespace or uid (not read from the API server?)")
-    template = _get(cronjob, "spec", "jobTemplate") or {}
+    template = get_path(cronjob, "spec", "jobTemplate") or {}
     template_meta = template.get("metadata") or {}
     annotations = {
         **(template_meta.get("annotations") or {}),
@@ -128,9 +129,3 @@ def build_manual_job(cronjob: Mapping[str, Any], *, job_name: str, started_by: s
     }
 
 
-def _get(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(key)
-    return obj

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from guardedcron import contract
+from guardedcron.objects import get_path
 from guardedcron.spec import ParsedSpec
 from guardedcron.status import conditions as cond
 from guardedcron.status.history import add_counts, finished_runs, known_records, newest_first
@@ -75,14 +76,14 @@ def compute_status(
     if isinstance(token, str) and token:
         status["lastTriggerToken"] = token
     if cronjob is not None:
-        status["cronJobRef"] = {"name": str(_get(cronjob, "metadata", "name") or "")}
+        status["cronJobRef"] = {"name": str(get_path(cronjob, "metadata", "name") or "")}
     if parsed is not None and not parsed.spec.suspend:
         upcoming = parsed.spec.schedule.next_after(now, parsed.spec.zone)
         if upcoming is not None:
             status["nextScheduleTime"] = format_time(upcoming)
     _put_latest(status, "lastScheduleTime", [
         parse_time(previous.get("lastScheduleTime")),
-        parse_time(_get(cronjob, "status", "lastScheduleTime")),
+        parse_time(get_path(cronjob, "status", "lastScheduleTime")),
         *(run.scheduled_at for run in runs),
     ])
     _put_latest(status, "lastSuccessfulTime", [
@@ -117,7 +118,7 @@ def merge_runs(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]],
     remembered = known_records(previous)
     merged: dict[str, RunRecord] = {}
     for job in jobs:
-        name = _get(job, "metadata", "name")
+        name = get_path(job, "metadata", "name")
         if not isinstance(name, str) or not name:
             continue
         old = remembered.get(name)
@@ -199,7 +200,7 @@ def _ready(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[s
         return cond.READY, "False", "CronJobRejected", "the CronJob could not be applied: see Stalled"
     if cronjob is None:
         return cond.READY, "False", "CronJobMissing", f"CronJob {parsed.name} does not exist yet"
-    mismatch = cronjob_mismatch(parsed, cronjob, uid=_get(gcj, "metadata", "uid"))
+    mismatch = cronjob_mismatch(parsed, cronjob, uid=get_path(gcj, "metadata", "uid"))
     if mismatch is not None:
         return cond.READY, "False", "CronJobOutOfDate", f"CronJob {parsed.name} differs: {mismatch}"
     return cond.READY, "True", "CronJobReady", f"CronJob {parsed.name} is in place and guarded"
@@ -212,7 +213,7 @@ def cronjob_mismatch(parsed: ParsedSpec, cronjob: Mapping[str, Any], *, uid: obj
     server fills in many others, which a full comparison would always see as changed.
     """
     spec = parsed.spec
-    live = _get(cronjob, "spec") or {}
+    live = get_path(cronjob, "spec") or {}
     expected: list[tuple[str, object, object]] = [
         ("spec.schedule", spec.schedule_text, live.get("schedule")),
         ("spec.timeZone", spec.time_zone, live.get("timeZone")),
@@ -220,17 +221,17 @@ def cronjob_mismatch(parsed: ParsedSpec, cronjob: Mapping[str, Any], *, uid: obj
         ("spec.concurrencyPolicy", "Forbid", live.get("concurrencyPolicy")),
         ("spec.startingDeadlineSeconds", spec.starting_deadline_seconds, live.get("startingDeadlineSeconds")),
         (f"metadata.annotations[{contract.ANNOTATION_LOCK}]", spec.lease.name,
-         (_get(cronjob, "metadata", "annotations") or {}).get(contract.ANNOTATION_LOCK)),
+         (get_path(cronjob, "metadata", "annotations") or {}).get(contract.ANNOTATION_LOCK)),
     ]
     for path, want, have in expected:
         if want != have:
             return f"{path} is {have!r}, expected {want!r}"
-    init = _get(live, "jobTemplate", "spec", "template", "spec", "initContainers")
+    init = get_path(live, "jobTemplate", "spec", "template", "spec", "initContainers")
     if not isinstance(init, list) or not init or not isinstance(init[0], Mapping) \
             or init[0].get("name") != contract.GUARD_CONTAINER:
         return f"the first init container is not {contract.GUARD_CONTAINER}"
     if isinstance(uid, str) and uid:
-        owners = _get(cronjob, "metadata", "ownerReferences")
+        owners = get_path(cronjob, "metadata", "ownerReferences")
         if not any(isinstance(o, Mapping) and o.get("uid") == uid and o.get("controller") is True
                    for o in (owners if isinstance(owners, list) else [])):
             return "it is not controlled by this GuardedCronJob (ownerReferences)"
@@ -244,13 +245,13 @@ def _missed(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[
         return cond.MISSED_RUN, "Unknown", "SpecInvalid", "no schedule to check while the spec is invalid"
     if parsed.spec.suspend:
         return cond.MISSED_RUN, "False", "Suspended", "suspended: no runs are expected"
-    created = parse_time(_get(gcj, "metadata", "creationTimestamp")) \
-        or parse_time(_get(cronjob, "metadata", "creationTimestamp"))
+    created = parse_time(get_path(gcj, "metadata", "creationTimestamp")) \
+        or parse_time(get_path(cronjob, "metadata", "creationTimestamp"))
     if created is None:
         return cond.MISSED_RUN, "Unknown", "CreationTimeUnknown", "no creationTimestamp to count slots from"
     missed = find_missed_run(
         parsed, jobs=runs,
-        last_schedule_time=parse_time(_get(cronjob, "status", "lastScheduleTime")),
+        last_schedule_time=parse_time(get_path(cronjob, "status", "lastScheduleTime")),
         created_at=created, now=now,
     )
     if missed is None:
@@ -284,7 +285,7 @@ def _degraded(runs: list[RunRecord]) -> _Condition:
 # --- helpers ----------------------------------------------------------------------
 
 def _generation(gcj: Mapping[str, Any], parsed: ParsedSpec | None) -> int:
-    generation = _get(gcj, "metadata", "generation")
+    generation = get_path(gcj, "metadata", "generation")
     if isinstance(generation, int) and not isinstance(generation, bool):
         return generation
     if parsed is not None and parsed.generation is not None:
@@ -333,9 +334,3 @@ def _merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, An
     return patch
 
 
-def _get(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(key)
-    return obj

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from guardedcron import contract
 from guardedcron.builders import GUARD_ERROR_RULE_INDEX, SKIP_RULE_INDEX
+from guardedcron.objects import get_path
 from guardedcron.status.reports import (
     GuardReport,
     KeeperReport,
@@ -141,7 +142,7 @@ class RunRecord:
 
 def classify_run(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> RunRecord:
     """The run a Job stands for, from the Job and the pods it owns (any order)."""
-    name = str(_get(job, "metadata", "name") or "")
+    name = str(get_path(job, "metadata", "name") or "")
     manual = is_manual(job)
     scheduled_at = None if manual else scheduled_time(job)
     slot = None if manual else scheduled_slot(job)
@@ -153,7 +154,7 @@ def classify_run(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> R
     guard_end = _terminated(guard)
     keeper_lost = _keeper_loss(pod)
     terminal = _terminal_condition(job)
-    job_started = parse_time(_get(job, "status", "startTime"))
+    job_started = parse_time(get_path(job, "status", "startTime"))
     job_finished = _finish_time(job, terminal) if terminal is not None else None
 
     base = _Facts(name, manual, slot, scheduled_at, job_started, job_finished)
@@ -176,7 +177,7 @@ def is_manual(job: Mapping[str, Any]) -> bool:
     ways of making one by hand mark theirs too. A Job with neither mark counts as
     scheduled only if its name is `<cronjob>-<minutes>`, as the guard reads it.
     """
-    annotations = _mapping(_get(job, "metadata", "annotations"))
+    annotations = _mapping(get_path(job, "metadata", "annotations"))
     if contract.ANNOTATION_MANUAL in annotations:
         return True
     if annotations.get(ANNOTATION_KUBECTL_INSTANTIATE) == "manual":
@@ -188,7 +189,7 @@ def is_manual(job: Mapping[str, Any]) -> bool:
 
 def scheduled_time(job: Mapping[str, Any]) -> datetime | None:
     """The slot the CronJob controller created the Job for (its annotation, any offset)."""
-    annotations = _mapping(_get(job, "metadata", "annotations"))
+    annotations = _mapping(get_path(job, "metadata", "annotations"))
     return parse_time(annotations.get(contract.ANNOTATION_SCHEDULED_TIMESTAMP))
 
 
@@ -205,7 +206,7 @@ def scheduled_slot(job: Mapping[str, Any]) -> int | None:
 
 
 def _slot_from_name(job: Mapping[str, Any]) -> int | None:
-    name = str(_get(job, "metadata", "name") or "")
+    name = str(get_path(job, "metadata", "name") or "")
     for cronjob in _cronjob_names(job):
         match = re.fullmatch(re.escape(cronjob) + r"-(\d{1,12})", name)
         if match:
@@ -321,7 +322,7 @@ def _terminal_outcome(job: Mapping[str, Any], terminal: Mapping[str, Any],
     reason = str(terminal.get("reason") or "")
     message = clean_text(terminal.get("message"), REASON_MAX) or ""
     if reason == "DeadlineExceeded":
-        deadline = _get(job, "spec", "activeDeadlineSeconds")
+        deadline = get_path(job, "spec", "activeDeadlineSeconds")
         limit = f" ({deadline} s)" if isinstance(deadline, int) else ""
         return Outcome.TIMED_OUT, f"active deadline exceeded{limit}"
     if reason == "PodFailurePolicy":
@@ -340,7 +341,7 @@ def _terminal_outcome(job: Mapping[str, Any], terminal: Mapping[str, Any],
 
 def _terminal_condition(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The Job's Complete or Failed condition when True (1.31+ adds them once pods ended)."""
-    for condition in _list(_get(job, "status", "conditions")):
+    for condition in _list(get_path(job, "status", "conditions")):
         if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
             return condition
     return None
@@ -349,12 +350,12 @@ def _terminal_condition(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def _finish_time(job: Mapping[str, Any], terminal: Mapping[str, Any]) -> datetime | None:
     # completionTime is set only for Complete; a Failed Job's end is its condition's time.
     if terminal.get("type") == "Complete":
-        completed = parse_time(_get(job, "status", "completionTime"))
+        completed = parse_time(get_path(job, "status", "completionTime"))
         if completed is not None:
             return completed
     return (parse_time(terminal.get("lastTransitionTime"))
             or parse_time(terminal.get("lastProbeTime"))
-            or parse_time(_get(job, "status", "startTime")))
+            or parse_time(get_path(job, "status", "startTime")))
 
 
 def _pick_pod(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -365,8 +366,8 @@ def _pick_pod(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """
     ordered = sorted(
         (p for p in pods if isinstance(p, Mapping)),
-        key=lambda p: (parse_time(_get(p, "metadata", "creationTimestamp")) or _LONG_AGO,
-                       str(_get(p, "metadata", "name") or "")),
+        key=lambda p: (parse_time(get_path(p, "metadata", "creationTimestamp")) or _LONG_AGO,
+                       str(get_path(p, "metadata", "name") or "")),
         reverse=True,
     )
     for pod in ordered:
@@ -379,7 +380,7 @@ def _container_status(pod: Mapping[str, Any] | None, name: str, *, init: bool) -
     if pod is None:
         return None
     key = "initContainerStatuses" if init else "containerStatuses"
-    for status in _list(_get(pod, "status", key)):
+    for status in _list(get_path(pod, "status", key)):
         if status.get("name") == name:
             return status
     return None
@@ -388,7 +389,7 @@ def _container_status(pod: Mapping[str, Any] | None, name: str, *, init: bool) -
 def _terminated(status: Mapping[str, Any] | None, state: str = "state") -> Mapping[str, Any] | None:
     if status is None:
         return None
-    terminated = _get(status, state, "terminated")
+    terminated = get_path(status, state, "terminated")
     return terminated if isinstance(terminated, Mapping) else None
 
 
@@ -412,7 +413,7 @@ def _failed_workload_container(pod: Mapping[str, Any] | None) -> str | None:
         return None
     ours = (contract.GUARD_CONTAINER, contract.KEEPER_CONTAINER)
     for key in ("initContainerStatuses", "containerStatuses"):
-        for status in _list(_get(pod, "status", key)):
+        for status in _list(get_path(pod, "status", key)):
             ended = _terminated(status)
             code = _int_or_none(ended.get("exitCode")) if ended is not None else None
             if ended is None or status.get("name") in ours or not code:
@@ -425,28 +426,20 @@ def _failed_workload_container(pod: Mapping[str, Any] | None) -> str | None:
 
 def _pod_failure(pod: Mapping[str, Any] | None) -> str | None:
     """"pod Evicted: The node was low on resource: memory." when the pod as a whole failed."""
-    reason = clean_text(_get(pod, "status", "reason"), 63)
-    if _get(pod, "status", "phase") != "Failed" or reason is None:
+    reason = clean_text(get_path(pod, "status", "reason"), 63)
+    if get_path(pod, "status", "phase") != "Failed" or reason is None:
         return None
-    message = clean_text(_get(pod, "status", "message"), REASON_MAX)
+    message = clean_text(get_path(pod, "status", "message"), REASON_MAX)
     return f"pod {reason}: {message}" if message else f"pod {reason}"
 
 
 def _cronjob_names(job: Mapping[str, Any]) -> list[str]:
-    names = [str(ref.get("name")) for ref in _list(_get(job, "metadata", "ownerReferences"))
+    names = [str(ref.get("name")) for ref in _list(get_path(job, "metadata", "ownerReferences"))
              if ref.get("kind") == "CronJob" and ref.get("name")]
-    label = _mapping(_get(job, "metadata", "labels")).get(contract.LABEL_NAME)
+    label = _mapping(get_path(job, "metadata", "labels")).get(contract.LABEL_NAME)
     if isinstance(label, str) and label:
         names.append(label)
     return names
-
-
-def _get(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
