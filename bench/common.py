@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -116,3 +117,14 @@ def wal_lsn(conn: Connection) -> int:
     row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(current, peak) resident set size of a process, in MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")

@@ -35,6 +35,7 @@ import kopf  # noqa: E402
 from tests.operator.emulator import GuardedEmulator  # noqa: E402
 from tests.unit.gcj_fixtures import base_gcj  # noqa: E402
 
+from bench.common import cpu_seconds, rss_mib  # noqa: E402
 from guardedcron.kube import GUARDED_CRONJOBS, KubeClient  # noqa: E402
 
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
@@ -47,17 +48,6 @@ def gcj(index: int, namespaces: int) -> dict[str, Any]:
     obj["metadata"] = {"name": f"job-{index:04d}", "namespace": f"team-{index % namespaces:02d}"}
     obj["spec"]["schedule"] = f"{index % 60} {index % 24} * * *"
     return obj
-
-
-def rss_mib(pid: int) -> tuple[float, float]:
-    """(current, peak) resident set size of a process, in MiB."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
-
-
-def cpu_seconds(pid: int) -> float:
-    parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def wait_for(check: Callable[[], bool], what: str, phase_seconds: float) -> float:

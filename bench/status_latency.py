@@ -48,6 +48,7 @@ import kopf  # noqa: E402
 from tests.operator.emulator import GuardedEmulator  # noqa: E402
 from tests.unit.gcj_fixtures import base_gcj  # noqa: E402
 
+from bench.common import cpu_seconds, percentile, rss_mib  # noqa: E402
 from guardedcron import contract  # noqa: E402
 from guardedcron.kube import GUARDED_CRONJOBS, JOBS, PODS, KubeClient  # noqa: E402
 
@@ -114,21 +115,6 @@ def complete_job_status(started: datetime, now: datetime) -> dict[str, Any]:
 
 
 # --- measuring -------------------------------------------------------------------------
-
-def rss_mib(pid: int) -> tuple[float, float]:
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
-
-
-def cpu_seconds(pid: int) -> float:
-    parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))]
-
 
 def summary(latencies: list[float]) -> dict[str, float]:
     if not latencies:
