@@ -138,15 +138,18 @@ def start_keeper(dsn: str, out: Path, lease_seconds: str = "1.5") -> subprocess.
     )
 
 
-def test_keeper_renews_while_alive_and_releases_on_sigterm(dsn: str, tmp_path: Path) -> None:
+def acquire_as_a(dsn: str, tmp_path: Path) -> Path:
+    """Holder `a` takes the lock `job` with a 1.5 s lease; returns the folder of its fence file."""
     out = tmp_path / "run"
-    assert (
-        run_cli(
-            ["acquire", "--lock", "job", "--holder", "a", "--lease-seconds", "1.5", "--out", str(out)],
-            dsn=dsn,
-        ).code
-        == 0
+    acquired = run_cli(
+        ["acquire", "--lock", "job", "--holder", "a", "--lease-seconds", "1.5", "--out", str(out)], dsn=dsn
     )
+    assert acquired.code == 0, acquired.stderr
+    return out
+
+
+def test_keeper_renews_while_alive_and_releases_on_sigterm(dsn: str, tmp_path: Path) -> None:
+    out = acquire_as_a(dsn, tmp_path)
     first_until = lease_until(dsn, "job")[2]
     keeper = start_keeper(dsn, out)
     try:
@@ -171,14 +174,7 @@ def test_keeper_renews_while_alive_and_releases_on_sigterm(dsn: str, tmp_path: P
 
 
 def test_keeper_notices_a_takeover_within_one_renew_interval(dsn: str, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    assert (
-        run_cli(
-            ["acquire", "--lock", "job", "--holder", "a", "--lease-seconds", "1.5", "--out", str(out)],
-            dsn=dsn,
-        ).code
-        == 0
-    )
+    out = acquire_as_a(dsn, tmp_path)
     keeper = start_keeper(dsn, out)
     try:
         time.sleep(0.8)
