@@ -14,6 +14,25 @@ DEFAULT_SETTINGS: OperatorSettings = settings_from_env({})
 DELETE = object()  # as a value for `put`: remove the key
 
 
+# The README's first GuardedCronJob, as a manifest a user would write.
+README_EXAMPLE = """\
+apiVersion: guardedcron.io/v1alpha1
+kind: GuardedCronJob
+metadata: {name: nightly-invoices, namespace: billing}
+spec:
+  schedule: "30 2 * * *"
+  timeZone: Europe/Stockholm
+  activeDeadlineSeconds: 3600
+  lease:
+    databaseSecretRef: {name: jobs-db, key: dsn}
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          containers: [{name: task, image: "shop:1.42", command: [bin/run-task, invoices:rollup]}]
+"""
+
+
 def base_gcj() -> dict[str, Any]:
     """The README's example as the API server returns it: every schema default filled in."""
     return {

@@ -14,28 +14,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.unit.gcj_fixtures import README_EXAMPLE
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 
-GCJ = """\
-apiVersion: guardedcron.io/v1alpha1
-kind: GuardedCronJob
-metadata: {name: nightly-invoices, namespace: billing}
-spec:
-  schedule: "30 2 * * *"
-  timeZone: Europe/Stockholm
-  activeDeadlineSeconds: 3600
-  lease:
-    databaseSecretRef: {name: jobs-db, key: dsn}
-  jobTemplate:
-    spec:
-      template:
-        spec:
-          containers: [{name: task, image: "shop:1.42", command: [bin/run-task, invoices:rollup]}]
-"""
+GCJ = README_EXAMPLE
 
 CONFIG_MAP = """\
 apiVersion: v1

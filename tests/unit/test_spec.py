@@ -20,7 +20,7 @@ from guardedcron.spec import (
     parse_guarded_cronjob,
     settings_from_env,
 )
-from tests.unit.gcj_fixtures import DELETE, UID, base_gcj, put
+from tests.unit.gcj_fixtures import DELETE, README_EXAMPLE, UID, base_gcj, put
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "guardedcronjobs.guardedcron.io.yaml"
@@ -303,22 +303,6 @@ def test_defaults_refuse_another_crd() -> None:
 
 
 # --- the real CRD: its defaults are the ones docs/design.md promises -------------------
-README_EXAMPLE = """
-apiVersion: guardedcron.io/v1alpha1
-kind: GuardedCronJob
-metadata: {name: nightly-invoices, namespace: billing}
-spec:
-  schedule: "30 2 * * *"
-  timeZone: Europe/Stockholm
-  activeDeadlineSeconds: 3600
-  lease:
-    databaseSecretRef: {name: jobs-db, key: dsn}
-  jobTemplate:
-    spec:
-      template:
-        spec:
-          containers: [{name: task, image: shop:1.42, command: [bin/run-task, invoices:rollup]}]
-"""
 
 
 def test_real_crd_defaults_give_the_documented_spec() -> None:
