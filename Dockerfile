@@ -23,6 +23,8 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ ./operator/
+# operator/guardedcron/crds links here: the wheel ships the CRD that `render` reads.
+COPY crds/ ./crds/
 # The venv's own pip builds the wheel and installs it; every dependency is a
 # prebuilt wheel (psycopg[binary] included), so no compiler is needed. Then the
 # installer goes: pip and setuptools have no place in the final image.
