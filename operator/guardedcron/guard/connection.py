@@ -55,7 +55,8 @@ def scrub(message: str, dsn: str) -> str:
     return message
 
 
-def first_line(message: str) -> str:
+def last_line(message: str) -> str:
+    """The last non-empty line: libpq puts the server's own reason (FATAL: ...) there."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     return lines[-1] if lines else message.strip()
 
@@ -77,7 +78,7 @@ def connect(dsn: str, connect_timeout: float) -> psycopg.Connection[tuple[Any, .
             application_name="guardedcron",
         )
     except psycopg.OperationalError as exc:
-        reason = first_line(scrub(str(exc), dsn))
+        reason = last_line(scrub(str(exc), dsn))
         raise DatabaseUnavailable(f"cannot reach database {describe(dsn)}: {reason}") from None
 
 

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from guardedcron.guard.connection import SCHEMA_MISSING_STATES, describe, first_line, scrub
+from guardedcron.guard.connection import SCHEMA_MISSING_STATES, describe, last_line, scrub
 from guardedcron.kube import SECRETS, ApiError, KubeClient, KubeError, NotFound
 from guardedcron.spec import ParsedSpec
 from guardedcron.status import EventReason, RunEvent
@@ -99,7 +99,7 @@ async def _release_all(dsn: str, lock: str,
         connection = await psycopg.AsyncConnection.connect(
             dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, application_name=APPLICATION_NAME)
     except psycopg.Error as error:
-        reason = first_line(scrub(str(error), dsn))
+        reason = last_line(scrub(str(error), dsn))
         raise NotRecorded(f"cannot reach database {describe(dsn)}: {reason}") from None
     answers = []
     try:
@@ -114,7 +114,7 @@ async def _release_all(dsn: str, lock: str,
         if error.sqlstate in SCHEMA_MISSING_STATES:
             raise NotRecorded(f"the guardedcron schema in {describe(dsn)} is missing or outdated; "
                               "run `guardedcron db migrate`") from None
-        raise NotRecorded(f"database {describe(dsn)}: {first_line(scrub(str(error), dsn))}") from None
+        raise NotRecorded(f"database {describe(dsn)}: {last_line(scrub(str(error), dsn))}") from None
     return answers
 
 
