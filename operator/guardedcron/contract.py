@@ -25,6 +25,15 @@ EXIT_NOT_ACQUIRED: Final = 75  # lease held, or slot already claimed: skip this 
 EXIT_LEASE_LOST: Final = 76  # keeper saw the lease taken over or could not renew in time
 EXIT_SCHEMA: Final = 78  # schema missing or older than this tool
 
+# --- bounds on a lease, for the CLI, the library, the SQL functions and the CRD alike.
+# Below 0.1 s the database's microsecond intervals round a lease towards nothing; above
+# seven days a holder that dies unseen would keep its job locked for longer than any run
+# without a heartbeat should take (longer runs use the keeper, which renews a short lease).
+MIN_LEASE_SECONDS: Final = 0.1
+MAX_LEASE_SECONDS: Final = 7 * 24 * 3600
+# Fences and slots are PostgreSQL bigints.
+BIGINT_MAX: Final = 2**63 - 1
+
 # --- labels and annotations
 LABEL_NAME: Final = f"{API_GROUP}/name"  # on CronJob, Job and Pod: the owning GuardedCronJob
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"

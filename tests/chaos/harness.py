@@ -389,7 +389,7 @@ class Chaos:
         finally:
             seat.adopt(job.detach())
             seat.run(partial(name_connection, f"chaos:{seat.name}"))
-        seat.run(lambda c: lease_ops.release(c, attempt.lock, attempt.holder, "succeeded"), give_up_after=20)
+        seat.run(lambda c: lease_ops.release(c, attempt.lock, attempt.holder, fence, "succeeded"), give_up_after=20)
 
     # --- bursts ------------------------------------------------------------------------------
     def burst_lane(self) -> None:

@@ -95,7 +95,10 @@ def work(args: argparse.Namespace) -> int:
     finally:
         job.close()
     report_progress(job.batches)
-    release = ["release", "--lock", args.lock, "--holder", args.holder, "--outcome", "succeeded"]
+    release = [
+        "release", "--lock", args.lock, "--holder", args.holder, "--fence", str(lease.fence),
+        "--outcome", "succeeded",
+    ]  # fmt: skip
     for _ in range(RELEASE_TRIES):
         try:
             code = guardedcron([*release, "--connect-timeout", "2"])

@@ -52,7 +52,7 @@ def test_slot_from_a_cronjob_made_job_name_and_none_for_a_manual_job(dsn: str) -
         [*ACQUIRE, "--holder", "a", "--job-name", "nightly-29345678", "--cronjob", "nightly"], dsn=dsn
     )
     assert first.code == 0 and first.json["slot"] == 29345678
-    run_cli(["release", "--lock", "billing/nightly", "--holder", "a"], dsn=dsn)
+    run_cli(["release", "--lock", "billing/nightly", "--holder", "a", "--fence", "1"], dsn=dsn)
     again = run_cli(
         [*ACQUIRE, "--holder", "b", "--job-name", "nightly-29345678", "--cronjob", "nightly"], dsn=dsn
     )
@@ -92,9 +92,10 @@ def test_release_renew_exit_codes(dsn: str) -> None:
         ).code
         == 0
     )
-    assert run_cli(["release", "--lock", "billing/nightly", "--holder", "b"], dsn=dsn).code == 75
+    assert run_cli(["release", "--lock", "billing/nightly", "--holder", "b", "--fence", "1"], dsn=dsn).code == 75
     released = run_cli(
-        ["release", "--lock", "billing/nightly", "--holder", "a", "--outcome", "succeeded"], dsn=dsn
+        ["release", "--lock", "billing/nightly", "--holder", "a", "--fence", "1", "--outcome", "succeeded"],
+        dsn=dsn,
     )
     assert released.code == 0 and released.json["released"] is True
 
@@ -333,7 +334,7 @@ BAD_INPUT = [
         "must be an integer",
     ),
     (["renew", "--lock", "j", "--holder", "a", "--fence", "1", "--lease-seconds", "0"], "positive"),
-    (["release", "--lock", "j", "--holder", "a", "--outcome", "maybe"], "invalid choice"),
+    (["release", "--lock", "j", "--holder", "a", "--fence", "1", "--outcome", "maybe"], "invalid choice"),
     (
         [
             "keep",

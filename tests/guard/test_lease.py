@@ -107,7 +107,7 @@ def test_release_and_renew_by_a_non_holder_change_nothing(dsn: str) -> None:
     with connect(dsn) as conn:
         held = lease_ops.acquire(conn, AcquireRequest("job", "a", 60))
         before = lease_row(conn, "job")
-        released = lease_ops.release(conn, "job", "b", "succeeded")
+        released = lease_ops.release(conn, "job", "b", held.fence, "succeeded")
         assert not released.ok and released.holder == "a"
         renewed = lease_ops.renew(conn, "job", "b", held.fence, 600)
         assert not renewed.ok
@@ -134,7 +134,7 @@ def test_renew_by_the_holder_extends_from_the_database_clock(dsn: str) -> None:
 def test_release_frees_the_lease_and_records_the_outcome(dsn: str) -> None:
     with connect(dsn) as conn:
         held = lease_ops.acquire(conn, AcquireRequest("job", "a", 60))
-        assert lease_ops.release(conn, "job", "a", "succeeded").ok
+        assert lease_ops.release(conn, "job", "a", held.fence, "succeeded").ok
         run = conn.execute(
             "SELECT outcome, finished_at IS NOT NULL FROM guardedcron.runs WHERE id = %s", (held.run_id,)
         ).fetchone()
@@ -145,8 +145,8 @@ def test_release_frees_the_lease_and_records_the_outcome(dsn: str) -> None:
 
 def test_minimum_hold_keeps_a_fast_run_locked(dsn: str) -> None:
     with connect(dsn) as conn:
-        lease_ops.acquire(conn, AcquireRequest("job", "a", 60, min_hold_seconds=1.0))
-        assert lease_ops.release(conn, "job", "a", "succeeded").ok
+        held = lease_ops.acquire(conn, AcquireRequest("job", "a", 60, min_hold_seconds=1.0))
+        assert lease_ops.release(conn, "job", "a", held.fence, "succeeded").ok
         refused = lease_ops.acquire(conn, AcquireRequest("job", "b", 60))
         assert not refused.acquired and refused.reason == "lease-held"
         time.sleep(1.1)
@@ -157,7 +157,7 @@ def test_a_slot_runs_once_even_after_its_run_released(dsn: str) -> None:
     with connect(dsn) as conn:
         first = lease_ops.acquire(conn, AcquireRequest("job", "cluster-a/pod", 60, slot=29_000_000))
         assert first.acquired
-        assert lease_ops.release(conn, "job", "cluster-a/pod", "succeeded").ok
+        assert lease_ops.release(conn, "job", "cluster-a/pod", first.fence, "succeeded").ok
         again = lease_ops.acquire(conn, AcquireRequest("job", "cluster-b/pod", 60, slot=29_000_000))
         assert not again.acquired
         assert (again.reason, again.holder, again.fence) == ("slot-claimed", "cluster-a/pod", first.fence)
@@ -169,9 +169,10 @@ def test_a_slot_runs_once_even_after_its_run_released(dsn: str) -> None:
 
 def test_manual_runs_rely_on_the_lease_alone(dsn: str) -> None:
     with connect(dsn) as conn:
-        assert lease_ops.acquire(conn, AcquireRequest("job", "a", 60)).acquired
+        held = lease_ops.acquire(conn, AcquireRequest("job", "a", 60))
+        assert held.acquired
         assert not lease_ops.acquire(conn, AcquireRequest("job", "b", 60)).acquired
-        assert lease_ops.release(conn, "job", "a", "succeeded").ok
+        assert lease_ops.release(conn, "job", "a", held.fence, "succeeded").ok
         assert lease_ops.acquire(conn, AcquireRequest("job", "b", 60)).acquired
 
 

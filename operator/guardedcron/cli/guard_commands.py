@@ -48,6 +48,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         parser.add_argument("--lease-seconds", required=True, help="new lease length from now")
         parser.set_defaults(run=run_renew)
     elif name == "release":
+        parser.add_argument("--fence", required=True, help="the fencing token you hold")
         parser.add_argument(
             "--outcome",
             default="finished",
@@ -223,8 +224,13 @@ def run_release(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
 
     def release(conn: Any) -> lease_ops.LeaseState:
-        return lease_ops.release(conn, args.lock, args.holder, args.outcome)
+        return lease_ops.release(conn, args.lock, args.holder, fence, args.outcome)
 
+    try:
+        fence = int(parse_number("--fence", args.fence, integer=True))
+    except GuardError as exc:
+        say("release", str(exc))
+        return exc.exit_code
     return _holder_call("release", "released", args, release)
 
 

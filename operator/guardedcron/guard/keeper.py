@@ -120,6 +120,7 @@ class Keeper:
                 self._connection(),
                 req.lock,
                 req.holder,
+                req.fence,
                 "finished",
                 "released by the keeper after the workload stopped",
             )

@@ -151,7 +151,7 @@ def renew(conn: Connection, lock: str, holder: str, fence: int, lease_seconds: f
 
 
 def release(
-    conn: Connection, lock: str, holder: str, outcome: str = "finished", reason: str = ""
+    conn: Connection, lock: str, holder: str, fence: int, outcome: str = "finished", reason: str = ""
 ) -> LeaseState:
     check_name("lock", lock)
     check_name("holder", holder)
