@@ -63,7 +63,7 @@ def test_live_lease_cannot_be_taken_and_the_loser_learns_the_holder(dsn: str) ->
         assert skipped == ("b", "skipped", None, True)
 
 
-def test_fences_grow_by_one_per_acquisition_across_expiry_and_takeover(dsn: str) -> None:
+def test_fences_grow_with_every_acquisition_across_expiry_and_takeover(dsn: str) -> None:
     holders = ["a", "b", "a", "c", "c", "b"]
     with connect(dsn) as conn:
         fences = []
@@ -180,7 +180,8 @@ def test_locks_are_independent(dsn: str) -> None:
     with connect(dsn) as conn:
         assert lease_ops.acquire(conn, AcquireRequest("one", "a", 60)).acquired
         other = lease_ops.acquire(conn, AcquireRequest("two", "b", 60))
-        assert other.acquired and other.fence == 1
+        # Fences are drawn from one database-wide sequence: unique across locks too.
+        assert other.acquired and other.fence == 2
 
 
 def test_lease_taken_inside_a_long_transaction_uses_the_current_time(dsn: str) -> None:
@@ -188,8 +189,10 @@ def test_lease_taken_inside_a_long_transaction_uses_the_current_time(dsn: str) -
     with psycopg.connect(dsn) as conn:  # not autocommit: one long transaction
         conn.execute("SELECT 1")  # the transaction starts here; now() is frozen from this point
         time.sleep(1.5)
-        result = lease_ops.acquire(conn, AcquireRequest("job", "a", 1.0))
-        assert result.acquired
+        # The library refuses this (a rollback could undo a won lease); the SQL function
+        # itself must still read the current time when another client calls it like this.
+        result = conn.execute("SELECT acquired FROM guardedcron.acquire_v2('job', 'a', 1.0, 0, NULL, 90, 10000)")
+        assert result.fetchone() == (True,)
         row = conn.execute(
             "SELECT locked_until > clock_timestamp(), locked_until > now() + "
             "interval '1.2 s' FROM guardedcron.leases WHERE lock_name = 'job'"
@@ -232,13 +235,20 @@ def test_history_and_claims_are_bounded_by_age(dsn: str) -> None:
         ({"lock": "x" * 254}, "at most 253"),
         ({"lock": "a\nb"}, "control characters"),
         ({"holder": ""}, "holder must not be empty"),
-        ({"lease_seconds": 0}, "positive"),
-        ({"lease_seconds": -5}, "positive"),
-        ({"min_hold_seconds": -1}, "negative"),
+        ({"lease_seconds": 0}, "from 0.1 to 604800"),
+        ({"lease_seconds": -5}, "from 0.1 to 604800"),
+        ({"lease_seconds": 1e-7}, "from 0.1 to 604800"),  # would be a zero-length lease
+        ({"lease_seconds": 604_801}, "from 0.1 to 604800"),
+        ({"lease_seconds": 1e300}, "from 0.1 to 604800"),
+        ({"lease_seconds": float("nan")}, "from 0.1 to 604800"),
+        ({"min_hold_seconds": -1}, "between 0 and 604800"),
         ({"min_hold_seconds": 61}, "longer than the lease"),
-        ({"slot": -1}, "non-negative"),
+        ({"slot": -1}, "from 0 to 9223372036854775807"),
+        ({"slot": 2**63}, "from 0 to 9223372036854775807"),
         ({"retain_days": 0}, "retain days"),
+        ({"retain_days": 2**31}, "retain days must be from 1 to 36500"),
         ({"retain_runs": 0}, "retain runs"),
+        ({"retain_runs": 2**31}, "retain runs must be from 1 to 2147483647"),
     ],
 )
 def test_bad_requests_are_refused_before_any_database_call(kwargs: dict[str, object], message: str) -> None:

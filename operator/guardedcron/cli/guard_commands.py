@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -17,11 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from guardedcron.contract import (
+    BIGINT_MAX,
     EXIT_NOT_ACQUIRED,
     EXIT_OK,
     LOST_FILE,
+    MAX_LEASE_SECONDS,
 )
 from guardedcron.guard.errors import BadInput, GuardError
+from guardedcron.guard.redaction import looks_like_dsn, redact
+
+# libpq's connect_timeout: longer than this is a hang, not a wait for a slow network.
+MAX_CONNECT_TIMEOUT_SECONDS = 300
+# How much of a bad value a message quotes: enough to recognise it, never a wall of text.
+SHOWN_INPUT_MAX = 40
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -80,20 +90,99 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
 
 
 # --- input parsing: every check before the database is touched -----------------------
-def parse_number(what: str, text: str, *, integer: bool = False) -> float:
+def shown(text: str) -> str:
+    """A bad value as a message quotes it: one line, short (credentials are hidden later)."""
+    if len(text) > SHOWN_INPUT_MAX:
+        return repr(text[:SHOWN_INPUT_MAX]) + f" (+{len(text) - SHOWN_INPUT_MAX} characters)"
+    return repr(text)
+
+
+def parse_number(what: str, text: str) -> float:
     try:
-        value = int(text) if integer else float(text)
+        value = float(text)
     except (TypeError, ValueError):
-        kind = "an integer" if integer else "a number"
-        raise BadInput(f"{what} must be {kind}, got {text!r}") from None
+        raise BadInput(f"{what} must be a number, got {shown(text)}") from None
     if value != value or value in (float("inf"), float("-inf")):
-        raise BadInput(f"{what} must be a finite number, got {text!r}")
+        raise BadInput(f"{what} must be a finite number, got {shown(text)}")
     return value
+
+
+def parse_seconds(what: str, text: str, *, minimum: float, maximum: float) -> float:
+    value = parse_number(what, text)
+    if not minimum <= value <= maximum:
+        raise BadInput(f"{what} must be from {minimum:g} to {maximum:g} seconds, got {shown(text)}")
+    return value
+
+
+def parse_integer(what: str, text: str, *, minimum: int, maximum: int) -> int:
+    """An integer in [minimum, maximum]: the range of the PostgreSQL column it goes to, or
+    less. Checked on the digits, so that no size of input costs more than a comparison."""
+    stripped = text.strip()
+    if not _INTEGER.fullmatch(stripped):
+        raise BadInput(f"{what} must be an integer from {minimum} to {maximum}, got {shown(text)}")
+    digits = stripped.lstrip("+-").lstrip("0")
+    value = int(stripped) if len(digits) <= len(str(BIGINT_MAX)) else None
+    if value is None or not minimum <= value <= maximum:
+        raise BadInput(f"{what} must be from {minimum} to {maximum}, got {shown(text)}")
+    return value
+
+
+def parse_fence(what: str, text: str) -> int:
+    return parse_integer(what, text, minimum=1, maximum=BIGINT_MAX)
+
+
+def check_names(args: argparse.Namespace) -> None:
+    check_name_argument("--lock", args.lock)
+    check_name_argument("--holder", args.holder)
+
+
+def check_name_argument(what: str, value: str) -> None:
+    """A lock or holder name: the library's rules, and text that can reach the database
+    and the messages safely (no bytes that are not UTF-8, no connection string)."""
+    from guardedcron.guard.lease import check_name
+
+    check_name(what, value)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"{what} must be UTF-8 text; it holds bytes that are not") from None
+    if looks_like_dsn(value):
+        raise BadInput(
+            f"{what} looks like a database connection string (not shown); "
+            "give the database with --dsn or $GUARDEDCRON_DSN"
+        )
+
+
+def checked_dsn(args: argparse.Namespace) -> str:
+    """The DSN to use, parsed before anything starts, so that a typo is exit 64 at once."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from guardedcron.guard.connection import resolve_dsn
+
+    dsn = resolve_dsn(args.dsn)
+    try:
+        conninfo_to_dict(dsn)
+    except Exception:  # any parser complaint may quote the DSN: say only that it is bad
+        raise BadInput("the database DSN cannot be parsed (value not shown)") from None
+    return dsn
+
+
+def check_out_dir(option: str, path: Path) -> None:
+    """Refuse an --out folder that cannot be written before the lease is taken, not after."""
+    try:
+        probe = path
+        while not probe.exists():
+            probe = probe.parent
+        writable = probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+    except (OSError, ValueError):
+        writable = False
+    if not writable:
+        raise BadInput(f"{option} {shown(str(path))} is not a folder this guard can write")
 
 
 def parse_slot(args: argparse.Namespace) -> int | None:
     if args.slot is not None:
-        return int(parse_number("--slot", args.slot, integer=True))
+        return parse_integer("--slot", args.slot, minimum=0, maximum=BIGINT_MAX)
     if args.job_name is None:
         if args.cronjob is not None:
             raise BadInput("--cronjob goes with --job-name")
@@ -102,14 +191,21 @@ def parse_slot(args: argparse.Namespace) -> int | None:
         raise BadInput("--job-name needs --cronjob to tell a scheduled Job from a manual one")
     # The CronJob controller names scheduled Jobs <cronjob>-<minutes since the epoch>;
     # any other name (kubectl create job --from=cronjob/...) is a manual run: no slot.
-    match = re.fullmatch(re.escape(args.cronjob) + r"-(\d+)", args.job_name)
-    return int(match.group(1)) if match else None
+    match = re.fullmatch(re.escape(args.cronjob) + r"-([0-9]+)", args.job_name)
+    if match is None:
+        return None
+    return parse_integer(
+        "the scheduled minute in --job-name", match.group(1), minimum=0, maximum=BIGINT_MAX
+    )
 
 
 def connect_timeout(args: argparse.Namespace) -> float:
     value = parse_number("--connect-timeout", args.connect_timeout)
-    if value <= 0:
-        raise BadInput(f"--connect-timeout must be positive, got {args.connect_timeout!r}")
+    if not 0 < value <= MAX_CONNECT_TIMEOUT_SECONDS:
+        raise BadInput(
+            f"--connect-timeout must be more than 0 and at most {MAX_CONNECT_TIMEOUT_SECONDS} "
+            f"seconds, got {shown(args.connect_timeout)}"
+        )
     return value
 
 
@@ -118,12 +214,12 @@ def iso(value: datetime | None) -> str | None:
 
 
 def emit(payload: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(payload, sort_keys=True) + "\n")
+    sys.stdout.write(redact(json.dumps(payload, sort_keys=True)) + "\n")
     sys.stdout.flush()
 
 
 def say(command: str, message: str) -> None:
-    sys.stderr.write(f"guardedcron {command}: {message}\n")
+    sys.stderr.write(redact(f"guardedcron {command}: {message}") + "\n")
     sys.stderr.flush()
 
 
@@ -149,20 +245,29 @@ def run_acquire(args: argparse.Namespace) -> int:
 
 def _acquire(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
+    from guardedcron.guard.connection import connect, raise_for_database
     from guardedcron.guard.outputs import write_lease_files, write_termination_message
 
+    check_names(args)
     request = lease_ops.AcquireRequest(
         lock=args.lock,
         holder=args.holder,
-        lease_seconds=parse_number("--lease-seconds", args.lease_seconds),
-        min_hold_seconds=parse_number("--min-hold-seconds", args.min_hold_seconds),
+        lease_seconds=lease_seconds(args),
+        min_hold_seconds=parse_seconds(
+            "--min-hold-seconds", args.min_hold_seconds, minimum=0, maximum=MAX_LEASE_SECONDS
+        ),
         slot=parse_slot(args),
-        retain_days=int(parse_number("--retain-days", args.retain_days, integer=True)),
-        retain_runs=int(parse_number("--retain-runs", args.retain_runs, integer=True)),
+        retain_days=parse_integer(
+            "--retain-days", args.retain_days, minimum=1, maximum=lease_ops.MAX_RETAIN_DAYS
+        ),
+        retain_runs=parse_integer(
+            "--retain-runs", args.retain_runs, minimum=1, maximum=lease_ops.MAX_RETAIN_RUNS
+        ),
     )
     timeout = connect_timeout(args)
-    dsn = resolve_dsn(args.dsn)
+    if args.out is not None:
+        check_out_dir("--out", args.out)
+    dsn = checked_dsn(args)
     with connect(dsn, timeout) as conn:
         try:
             result = lease_ops.acquire(conn, request)
@@ -211,9 +316,8 @@ def run_renew(args: argparse.Namespace) -> int:
         return lease_ops.renew(conn, args.lock, args.holder, fence, seconds)
 
     try:
-        fence = int(parse_number("--fence", args.fence, integer=True))
-        seconds = parse_number("--lease-seconds", args.lease_seconds)
-        lease_ops.check_positive("lease seconds", seconds)
+        fence = parse_fence("--fence", args.fence)
+        seconds = lease_seconds(args)
     except GuardError as exc:
         say("renew", str(exc))
         return exc.exit_code
@@ -227,7 +331,7 @@ def run_release(args: argparse.Namespace) -> int:
         return lease_ops.release(conn, args.lock, args.holder, fence, args.outcome)
 
     try:
-        fence = int(parse_number("--fence", args.fence, integer=True))
+        fence = parse_fence("--fence", args.fence)
     except GuardError as exc:
         say("release", str(exc))
         return exc.exit_code
@@ -237,13 +341,12 @@ def run_release(args: argparse.Namespace) -> int:
 def _holder_call(command: str, done_key: str, args: argparse.Namespace, call: Callable[[Any], Any]) -> int:
     """Renew and release: checked input, one call as the holder, one JSON answer."""
     from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
+    from guardedcron.guard.connection import connect, raise_for_database
 
     try:
-        lease_ops.check_name("lock", args.lock)
-        lease_ops.check_name("holder", args.holder)
+        check_names(args)
         timeout = connect_timeout(args)
-        dsn = resolve_dsn(args.dsn)
+        dsn = checked_dsn(args)
         with connect(dsn, timeout) as conn:
             try:
                 state: lease_ops.LeaseState = call(conn)
@@ -272,18 +375,17 @@ def _holder_call(command: str, done_key: str, args: argparse.Namespace, call: Ca
 
 
 def run_keep(args: argparse.Namespace) -> int:
-    from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, resolve_dsn
+    from guardedcron.guard.connection import connect
     from guardedcron.guard.keeper import Keeper, KeepRequest
 
     try:
-        lease_ops.check_name("lock", args.lock)
-        lease_ops.check_name("holder", args.holder)
-        seconds = parse_number("--lease-seconds", args.lease_seconds)
-        lease_ops.check_positive("lease seconds", seconds)
+        check_names(args)
+        seconds = lease_seconds(args)
         fence = _fence_argument(args)
+        if args.out is not None:
+            check_out_dir("--out", args.out)
         request = KeepRequest(
-            dsn=resolve_dsn(args.dsn),
+            dsn=checked_dsn(args),
             lock=args.lock,
             holder=args.holder,
             fence=fence,
@@ -307,11 +409,23 @@ def run_keep(args: argparse.Namespace) -> int:
     return keeper.run()
 
 
+def lease_seconds(args: argparse.Namespace) -> float:
+    from guardedcron.guard.lease import check_lease_seconds
+
+    seconds = parse_number("--lease-seconds", args.lease_seconds)
+    check_lease_seconds("--lease-seconds", seconds)
+    return seconds
+
+
 def _fence_argument(args: argparse.Namespace) -> int:
     if args.fence is not None:
-        return int(parse_number("--fence", args.fence, integer=True))
+        return parse_fence("--fence", args.fence)
+    name = shown(str(args.fence_file))
     try:
-        text = args.fence_file.read_text().strip()
-    except OSError as exc:
-        raise BadInput(f"cannot read --fence-file {args.fence_file}: {exc.strerror}") from None
-    return int(parse_number(f"the fence in {args.fence_file}", text, integer=True))
+        with args.fence_file.open("rb") as file:
+            # A fence is at most 20 characters: a larger file is not a fence file.
+            text = file.read(64).decode("ascii").strip()
+    except (OSError, ValueError) as exc:  # ValueError: NUL in the name, or not ASCII text
+        reason = exc.strerror if isinstance(exc, OSError) else "not a fence"
+        raise BadInput(f"cannot read --fence-file {name}: {reason}") from None
+    return parse_fence(f"the fence in --fence-file {name}", text)

@@ -23,5 +23,11 @@ class SchemaOutdated(GuardError):
     exit_code = EXIT_SCHEMA
 
 
+class FenceExhausted(GuardError):
+    """The lock's fences reached the bigint maximum: an administrator must act (exit 78)."""
+
+    exit_code = EXIT_SCHEMA
+
+
 class StaleFenceError(Exception):
     """The fencing token a workload holds is no longer the lock's current one."""

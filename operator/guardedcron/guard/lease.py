@@ -1,7 +1,9 @@
 """The lease operations: acquire, renew, release, mark lost. One database call each.
 
 The SQL functions (guard/sql/) do the work in one statement so that a contender
-needs one round trip, and all timing is decided by the database clock.
+needs one round trip, and all timing is decided by the database clock. Every input
+is checked here first, against the same bounds the functions enforce, so bad input
+never reaches the database.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from guardedcron.guard.errors import BadInput
+from guardedcron.contract import BIGINT_MAX, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
+from guardedcron.guard.errors import BadInput, FenceExhausted
 
 if TYPE_CHECKING:
     import psycopg
@@ -21,8 +24,16 @@ if TYPE_CHECKING:
 OUTCOMES_ON_RELEASE = ("succeeded", "failed", "finished")
 DEFAULT_RETAIN_DAYS = 90
 DEFAULT_RETAIN_RUNS = 10_000
+# A century of history; beyond it the database's date arithmetic would overflow.
+MAX_RETAIN_DAYS = 36_500
+MAX_RETAIN_RUNS = 2**31 - 1  # the SQL functions take an integer
 MAX_NAME_LENGTH = 253
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+FENCE_EXHAUSTED_SQLSTATE = "GC002"
+# Another isolation level than READ COMMITTED can fail a contended acquisition with a
+# serialization failure (or a deadlock); a new transaction then sees the winner. The
+# tries are few because each retry follows a commit by someone else.
+SERIALIZATION_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -38,20 +49,22 @@ class AcquireRequest:
     def __post_init__(self) -> None:
         check_name("lock", self.lock)
         check_name("holder", self.holder)
-        check_positive("lease seconds", self.lease_seconds)
-        if self.min_hold_seconds < 0:
-            raise BadInput(f"min hold seconds must not be negative, got {self.min_hold_seconds:g}")
+        check_lease_seconds("lease seconds", self.lease_seconds)
+        if not 0 <= self.min_hold_seconds <= MAX_LEASE_SECONDS:
+            raise BadInput(
+                f"min hold seconds must be between 0 and {MAX_LEASE_SECONDS}, got {self.min_hold_seconds:g}"
+            )
         if self.min_hold_seconds > self.lease_seconds:
             raise BadInput(
                 f"min hold ({self.min_hold_seconds:g} s) is longer than the lease "
                 f"({self.lease_seconds:g} s): the lease would end before the minimum hold"
             )
-        if self.slot is not None and self.slot < 0:
-            raise BadInput(f"slot must be a non-negative integer, got {self.slot}")
-        if self.retain_days < 1:
-            raise BadInput(f"retain days must be at least 1, got {self.retain_days}")
-        if self.retain_runs < 1:
-            raise BadInput(f"retain runs must be at least 1, got {self.retain_runs}")
+        if self.slot is not None and not 0 <= self.slot <= BIGINT_MAX:
+            raise BadInput(f"slot must be an integer from 0 to {BIGINT_MAX}, got {self.slot}")
+        if not 1 <= self.retain_days <= MAX_RETAIN_DAYS:
+            raise BadInput(f"retain days must be from 1 to {MAX_RETAIN_DAYS}, got {self.retain_days}")
+        if not 1 <= self.retain_runs <= MAX_RETAIN_RUNS:
+            raise BadInput(f"retain runs must be from 1 to {MAX_RETAIN_RUNS}, got {self.retain_runs}")
 
 
 @dataclass(frozen=True)
@@ -85,30 +98,66 @@ def check_name(what: str, value: str) -> None:
         raise BadInput(f"{what} must not contain control characters")
 
 
-def check_positive(what: str, value: float) -> None:
-    if not value > 0:
-        raise BadInput(f"{what} must be a positive number, got {value:g}")
+def check_lease_seconds(what: str, value: float) -> None:
+    if not MIN_LEASE_SECONDS <= value <= MAX_LEASE_SECONDS:
+        raise BadInput(
+            f"{what} must be from {MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS} (7 days), got {value:g}"
+        )
+
+
+def check_fence_value(fence: int) -> None:
+    if not 1 <= fence <= BIGINT_MAX:
+        raise BadInput(f"fence must be an integer from 1 to {BIGINT_MAX}, got {fence}")
 
 
 def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
-    import psycopg
+    """Take the lease in one call on `conn`, which must be in autocommit mode and idle.
 
-    try:
-        row = conn.execute(
-            "SELECT * FROM guardedcron.acquire_v1(%s, %s, %s, %s, %s, %s, %s)",
-            (
-                request.lock,
-                request.holder,
-                float(request.lease_seconds),
-                float(request.min_hold_seconds),
-                request.slot,
-                request.retain_days,
-                request.retain_runs,
-            ),
-        ).fetchone()
-    except psycopg.errors.LockNotAvailable:
-        # A fenced write of the previous holder kept the lease row locked past lock_timeout.
-        return AcquireResult(False, "row-busy", "", 0, None, _record_row_busy(conn, request), None)
+    Inside a caller's transaction a rollback would undo the history row and the slot
+    claim while the workload already runs, so that is refused.
+    """
+    import psycopg
+    from psycopg.pq import TransactionStatus
+
+    if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        raise BadInput(
+            "acquire needs a connection of its own in autocommit mode, outside any transaction: "
+            "a rollback must not be able to undo a won lease, its slot claim or its history"
+        )
+    arguments = (
+        request.lock,
+        request.holder,
+        float(request.lease_seconds),
+        float(request.min_hold_seconds),
+        request.slot,
+        request.retain_days,
+        request.retain_runs,
+    )
+    for attempt in range(1, SERIALIZATION_TRIES + 1):
+        try:
+            row = conn.execute(
+                "SELECT * FROM guardedcron.acquire_v2(%s, %s, %s, %s, %s, %s, %s)", arguments
+            ).fetchone()
+            break
+        except psycopg.errors.LockNotAvailable:
+            # A fenced write of the previous holder kept the lease row locked past lock_timeout.
+            return _row_busy(
+                conn,
+                request,
+                "lease row locked past lock_timeout by an in-flight fenced write of the previous holder",
+            )
+        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+            if attempt == SERIALIZATION_TRIES:
+                return _row_busy(
+                    conn,
+                    request,
+                    f"serialization failures on {attempt} tries "
+                    "(the database's default isolation level is above READ COMMITTED)",
+                )
+        except psycopg.Error as exc:
+            if exc.sqlstate == FENCE_EXHAUSTED_SQLSTATE:
+                raise FenceExhausted(str(exc.diag.message_primary or exc)) from None
+            raise
     assert row is not None
     acquired, reason, holder, fence, locked_until, run_id, db_now = row
     return AcquireResult(
@@ -122,28 +171,28 @@ def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
     )
 
 
-def _record_row_busy(conn: Connection, request: AcquireRequest) -> int | None:
-    """Give the attempt its history row: the function's own skip record was rolled back."""
-    if not conn.autocommit:
-        return None  # the caller's transaction has failed; what happens next is the caller's call
-    row = conn.execute(
-        "SELECT guardedcron._record_skip(%s, %s, %s, %s, clock_timestamp())",
-        (
-            request.lock,
-            request.holder,
-            request.slot,
-            "lease row locked past lock_timeout by an in-flight fenced write of the previous holder",
-        ),
-    ).fetchone()
-    return None if row is None else int(row[0])
+def _row_busy(conn: Connection, request: AcquireRequest, why: str) -> AcquireResult:
+    """Answer a contended attempt as a skip, with its history row (the function's own was rolled back)."""
+    import psycopg
+
+    try:
+        row = conn.execute(
+            "SELECT guardedcron._record_skip(%s, %s, %s, %s, clock_timestamp())",
+            (request.lock, request.holder, request.slot, why),
+        ).fetchone()
+    except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+        row = None  # a skip without its history row beats a skip reported as an outage
+    run_id = None if row is None else int(row[0])
+    return AcquireResult(False, "row-busy", "", 0, None, run_id, None)
 
 
 def renew(conn: Connection, lock: str, holder: str, fence: int, lease_seconds: float) -> LeaseState:
     check_name("lock", lock)
     check_name("holder", holder)
-    check_positive("lease seconds", lease_seconds)
+    check_fence_value(fence)
+    check_lease_seconds("lease seconds", lease_seconds)
     row = conn.execute(
-        "SELECT * FROM guardedcron.renew_v1(%s, %s, %s, %s)",
+        "SELECT * FROM guardedcron.renew_v2(%s, %s, %s, %s)",
         (lock, holder, fence, float(lease_seconds)),
     ).fetchone()
     assert row is not None
@@ -153,13 +202,16 @@ def renew(conn: Connection, lock: str, holder: str, fence: int, lease_seconds: f
 def release(
     conn: Connection, lock: str, holder: str, fence: int, outcome: str = "finished", reason: str = ""
 ) -> LeaseState:
+    """End the lease if `holder` still holds it with `fence`; never a newer generation's."""
     check_name("lock", lock)
     check_name("holder", holder)
+    check_fence_value(fence)
     if outcome not in OUTCOMES_ON_RELEASE:
         raise BadInput(f"outcome must be one of {', '.join(OUTCOMES_ON_RELEASE)}, got {outcome!r}")
     row = conn.execute(
-        "SELECT released, holder, fence, locked_until, db_now FROM guardedcron.release_v1(%s, %s, %s, %s)",
-        (lock, holder, outcome, reason),
+        "SELECT released, holder, fence, locked_until, db_now"
+        " FROM guardedcron.release_v2(%s, %s, %s, %s, %s)",
+        (lock, holder, fence, outcome, reason),
     ).fetchone()
     assert row is not None
     return _state(row)

@@ -37,7 +37,7 @@ def load_migrations() -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-LATEST_VERSION = 1  # the schema this tool's SQL functions (the _v1 names) need
+LATEST_VERSION = 3  # the schema this tool's SQL functions (the _v2 names) need
 
 
 def migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Migration]:
