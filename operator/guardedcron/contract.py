@@ -34,6 +34,14 @@ MAX_LEASE_SECONDS: Final = 7 * 24 * 3600
 # Fences and slots are PostgreSQL bigints.
 BIGINT_MAX: Final = 2**63 - 1
 
+# --- bounds on the guard's waits for the database (docs/design.md, "Bounded waits").
+# After connecting (--connect-timeout, libpq waits at least 2 s), each call gets this long
+# for its answer, then exits 69. acquire's SQL may wait up to 5 s (its lock_timeout) for
+# an in-flight fenced write of the previous holder, so it gets that plus 5 s.
+ACQUIRE_CALL_SECONDS: Final = 10.0
+HOLDER_CALL_SECONDS: Final = 5.0  # renew, release
+KEEPER_STOP_SECONDS: Final = 2.0  # SIGTERM to exit, in every state of the keeper
+
 # --- labels and annotations
 LABEL_NAME: Final = f"{API_GROUP}/name"  # on CronJob, Job and Pod: the owning GuardedCronJob
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"

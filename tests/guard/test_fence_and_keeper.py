@@ -173,7 +173,7 @@ def test_keeper_renews_while_alive_and_releases_on_sigterm(dsn: str, tmp_path: P
     assert run_cli(["acquire", "--lock", "job", "--holder", "b", "--lease-seconds", "5"], dsn=dsn).code == 0
 
 
-def test_keeper_notices_a_takeover_within_one_renew_interval(dsn: str, tmp_path: Path) -> None:
+def test_a_keeper_paused_past_its_lease_calls_it_lost_on_waking(dsn: str, tmp_path: Path) -> None:
     out = acquire_as_a(dsn, tmp_path)
     keeper = start_keeper(dsn, out)
     try:
@@ -190,13 +190,27 @@ def test_keeper_notices_a_takeover_within_one_renew_interval(dsn: str, tmp_path:
         if keeper.poll() is None:
             keeper.kill()
     assert keeper.returncode == 76, stderr
+    # Past its deadline it cannot prove the lease is still its own: lost at once, no call first.
     assert noticed < 1.5 / 3 + 1.0, noticed
-    assert "lease taken over by b with fence 2" in stderr
+    assert "could not renew before the lease could run out: the keeper ran" in stderr
     lost = json.loads((out / "lost").read_text())
-    assert lost["fence"] == 1 and "taken over" in lost["reason"]
+    assert lost["fence"] == 1 and "paused or starved" in lost["reason"]
     with psycopg.connect(dsn) as conn:
         outcomes = conn.execute("SELECT holder, outcome FROM guardedcron.runs ORDER BY id").fetchall()
     assert outcomes == [("a", "lost"), ("b", "running")]
+
+
+def test_keeper_notices_a_takeover_at_its_first_renewal(dsn: str, tmp_path: Path) -> None:
+    out = acquire_as_a(dsn, tmp_path)
+    time.sleep(1.6)  # the lease runs out before the keeper starts
+    taken = run_cli(["acquire", "--lock", "job", "--holder", "b", "--lease-seconds", "60"], dsn=dsn)
+    assert taken.code == 0 and taken.json["fence"] == 2
+    keeper = start_keeper(dsn, out)
+    _, stderr = keeper.communicate(timeout=10)
+    assert keeper.returncode == 76, stderr
+    assert "lease taken over by b with fence 2" in stderr
+    lost = json.loads((out / "lost").read_text())
+    assert lost["fence"] == 1 and "taken over" in lost["reason"]
 
 
 def test_a_restarted_keeper_after_a_loss_waits_instead_of_fighting(dsn: str, tmp_path: Path) -> None:
@@ -258,6 +272,6 @@ def test_keeper_gives_up_when_the_database_is_gone_past_the_lease(tmp_path: Path
         _, stderr = keeper.communicate(timeout=20)
         elapsed = time.monotonic() - stopped
     assert keeper.returncode == 76, stderr
-    assert "could not renew before the lease ran out" in stderr
+    assert "could not renew before the lease could run out" in stderr
     assert elapsed < 3 + 2
     assert (out / "lost").exists()

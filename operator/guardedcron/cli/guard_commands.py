@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from guardedcron.contract import (
+    ACQUIRE_CALL_SECONDS,
     BIGINT_MAX,
     EXIT_NOT_ACQUIRED,
     EXIT_OK,
+    HOLDER_CALL_SECONDS,
     LOST_FILE,
     MAX_LEASE_SECONDS,
 )
@@ -245,7 +247,7 @@ def run_acquire(args: argparse.Namespace) -> int:
 
 def _acquire(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, raise_for_database
+    from guardedcron.guard.connection import call_with_deadline, connect
     from guardedcron.guard.outputs import write_lease_files, write_termination_message
 
     check_names(args)
@@ -269,11 +271,7 @@ def _acquire(args: argparse.Namespace) -> int:
         check_out_dir("--out", args.out)
     dsn = checked_dsn(args)
     with connect(dsn, timeout) as conn:
-        try:
-            result = lease_ops.acquire(conn, request)
-        except Exception as exc:
-            raise_for_database(exc, dsn)
-            raise
+        result = call_with_deadline(conn, dsn, ACQUIRE_CALL_SECONDS, lambda c: lease_ops.acquire(c, request))
     summary = {
         "acquired": result.acquired,
         "reason": result.reason,
@@ -341,18 +339,14 @@ def run_release(args: argparse.Namespace) -> int:
 def _holder_call(command: str, done_key: str, args: argparse.Namespace, call: Callable[[Any], Any]) -> int:
     """Renew and release: checked input, one call as the holder, one JSON answer."""
     from guardedcron.guard import lease as lease_ops
-    from guardedcron.guard.connection import connect, raise_for_database
+    from guardedcron.guard.connection import call_with_deadline, connect
 
     try:
         check_names(args)
         timeout = connect_timeout(args)
         dsn = checked_dsn(args)
         with connect(dsn, timeout) as conn:
-            try:
-                state: lease_ops.LeaseState = call(conn)
-            except Exception as exc:
-                raise_for_database(exc, dsn)
-                raise
+            state: lease_ops.LeaseState = call_with_deadline(conn, dsn, HOLDER_CALL_SECONDS, call)
     except GuardError as exc:
         say(command, str(exc))
         return exc.exit_code

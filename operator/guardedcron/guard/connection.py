@@ -1,9 +1,24 @@
-"""Opening the database connection, with errors that never carry the password."""
+"""Opening the database connection, and bounding every call on it, with errors that
+never carry the password.
+
+Every wait on the database has a bound (docs/design.md, "Bounded waits"):
+- connecting: libpq's `connect_timeout` (whole seconds, at least 2);
+- a dead peer on an idle or busy connection: TCP keepalives and `tcp_user_timeout`, so
+  the kernel drops a connection whose packets go unacknowledged;
+- a call that gets no answer at all (a partition that swallows packets, or a server that
+  accepts TCP but never answers, where the kernel sees nothing wrong):
+  `call_with_deadline`, a client-side watchdog that shuts the socket down at the
+  deadline so libpq's blocked read returns an error.
+"""
 
 from __future__ import annotations
 
+import math
 import os
-from typing import TYPE_CHECKING, Any
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from guardedcron.contract import ENV_DSN
 from guardedcron.guard.errors import BadInput, DatabaseUnavailable, SchemaOutdated
@@ -13,6 +28,19 @@ if TYPE_CHECKING:
 
 # SQLSTATEs meaning "the schema is not there (or is older than this tool's functions)".
 SCHEMA_MISSING_STATES = {"3F000", "42P01", "42883"}
+
+# libpq never waits less than this for a connection (connectDBComplete).
+LIBPQ_MIN_CONNECT_TIMEOUT = 2
+# An idle connection whose peer vanished is found after 5 + 3 x 2 = 11 s of silence.
+KEEPALIVES_IDLE_SECONDS = 5
+KEEPALIVES_INTERVAL_SECONDS = 2
+KEEPALIVES_COUNT = 3
+# Data sent but not acknowledged for this long: the kernel drops the connection. This
+# catches a real partition (no ACKs) during a call; a proxy or a hung server that
+# acknowledges but never answers is left to the client-side deadline.
+TCP_USER_TIMEOUT_MS = 10_000
+
+T = TypeVar("T")
 
 
 def resolve_dsn(dsn: str | None) -> str:
@@ -61,8 +89,31 @@ def last_line(message: str) -> str:
     return lines[-1] if lines else message.strip()
 
 
-def connect(dsn: str, connect_timeout: float) -> psycopg.Connection[tuple[Any, ...]]:
-    """An autocommit connection: each guard call is its own short transaction."""
+def libpq_connect_timeout(seconds: float) -> int:
+    """What libpq will really wait: whole seconds, never less than 2."""
+    return max(LIBPQ_MIN_CONNECT_TIMEOUT, math.ceil(seconds))
+
+
+def connection_options(connect_timeout: float) -> dict[str, Any]:
+    """libpq settings of every connection the guard and the operator open.
+
+    No `options` startup parameter (connection poolers such as PgBouncer refuse it) and
+    no server-side prepared statements (a pooler in transaction mode hands the next
+    statement to another server connection, where the prepared one does not exist).
+    """
+    return {
+        "autocommit": True,
+        "connect_timeout": libpq_connect_timeout(connect_timeout),
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVES_IDLE_SECONDS,
+        "keepalives_interval": KEEPALIVES_INTERVAL_SECONDS,
+        "keepalives_count": KEEPALIVES_COUNT,
+        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+        "prepare_threshold": None,
+    }
+
+
+def check_dsn(dsn: str) -> None:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
@@ -70,16 +121,91 @@ def connect(dsn: str, connect_timeout: float) -> psycopg.Connection[tuple[Any, .
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         raise BadInput("the database DSN cannot be parsed (value not shown)") from None
+
+
+def connect(dsn: str, connect_timeout: float) -> psycopg.Connection[tuple[Any, ...]]:
+    """An autocommit connection: each guard call is its own short transaction."""
+    import psycopg
+
+    check_dsn(dsn)
     try:
-        return psycopg.connect(
-            dsn,
-            autocommit=True,
-            connect_timeout=max(1, round(connect_timeout)),
-            application_name="guardedcron",
-        )
+        return psycopg.connect(dsn, application_name="guardedcron", **connection_options(connect_timeout))
     except psycopg.OperationalError as exc:
         reason = last_line(scrub(str(exc), dsn))
         raise DatabaseUnavailable(f"cannot reach database {describe(dsn)}: {reason}") from None
+
+
+def no_answer(dsn: str, seconds: float) -> DatabaseUnavailable:
+    return DatabaseUnavailable(f"no answer from database {describe(dsn)} within {round(seconds, 1):g} s")
+
+
+class SocketWatchdog:
+    """Shuts a connection's socket down at a deadline unless the call ended first.
+
+    Shutting the socket down (not closing it: the descriptor stays libpq's) makes the
+    read libpq is blocked in return at once, whatever the network does; the call then
+    fails and the connection is unusable. A lock orders the two ends, so the socket is
+    never touched once the caller has moved on (and may have closed and reused the fd).
+    """
+
+    def __init__(self, fd: int, seconds: float) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._ended = False
+        self.fired = False
+        self._timer = threading.Timer(max(0.0, seconds), self.fire)
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def fire(self) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self.fired = True
+            shut_down_socket(self._fd)
+
+    def end(self) -> bool:
+        """The call is over: disarm, and say whether the deadline cut it."""
+        self._timer.cancel()
+        with self._lock:
+            self._ended = True
+            return self.fired
+
+
+def shut_down_socket(fd: int) -> None:
+    duplicate = socket.socket(fileno=os.dup(fd))
+    try:
+        duplicate.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already disconnected: the blocked read has its error anyway
+    finally:
+        duplicate.close()
+
+
+def call_with_deadline(
+    conn: psycopg.Connection[tuple[Any, ...]],
+    dsn: str,
+    seconds: float,
+    call: Callable[[psycopg.Connection[tuple[Any, ...]]], T],
+) -> T:
+    """`call(conn)`, answered within `seconds` or failed with DatabaseUnavailable (69).
+
+    Database errors become the guard's errors (raise_for_database). A call cut by the
+    deadline may or may not have taken effect in the database, like any lost connection.
+    """
+    watchdog = SocketWatchdog(conn.fileno(), seconds)
+    watchdog.start()
+    try:
+        result = call(conn)
+    except Exception as exc:
+        if watchdog.end():
+            raise no_answer(dsn, seconds) from None
+        raise_for_database(exc, dsn)
+        raise
+    watchdog.end()
+    return result
 
 
 def raise_for_database(exc: Exception, dsn: str) -> None:

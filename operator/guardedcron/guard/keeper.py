@@ -1,14 +1,21 @@
 """The keeper: renews a held lease until told to stop, then releases it.
 
 Runs as a native sidecar next to the workload. Every lease/3 it renews. When a
-renewal is refused (the fence moved on: someone took over) or the database could
-not be reached before the lease ran out, the lease is lost: the keeper records it
-in the run history (when it can), leaves a `lost` marker for the workload, and
-exits 76 or waits, by policy. On SIGTERM (Kubernetes sends it once the workload
-containers have stopped) it releases the lease, honouring the minimum hold.
+renewal is refused (the fence moved on: someone took over) or no renewal is confirmed
+before the lease could run out, the lease is lost: the keeper leaves a `lost` marker
+for the workload and a termination message at once, then records the loss in the run
+history (when it can, briefly), and exits 76 or waits, by policy. On SIGTERM
+(Kubernetes sends it once the workload containers have stopped) it releases the lease,
+honouring the minimum hold, and exits within KEEPER_STOP_SECONDS whatever the database does.
 
-The local clock is only used to measure intervals (monotonic); whether the lease is
-live is always the database's answer.
+Timing (docs/design.md, "The keeper's timing"). The local clock only measures intervals
+(monotonic); whether the lease is live is the database's answer. A renewal sent at
+local time `sent` that answers (locked_until, db_now) was evaluated by the database
+after `sent`, so the lease lives at least until `sent + (locked_until - db_now)` on the
+local clock. The keeper gives up `margin` before that instant. Its main thread never
+waits on the database: each call runs in a worker thread under a client-side deadline,
+and the main thread waits for the answer, SIGTERM or its own deadline, whichever comes
+first, and abandons the call at its deadline.
 """
 
 from __future__ import annotations
@@ -19,19 +26,35 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from guardedcron.contract import EXIT_LEASE_LOST, EXIT_OK
+from guardedcron.contract import EXIT_LEASE_LOST, EXIT_OK, KEEPER_STOP_SECONDS
 from guardedcron.guard import lease as lease_ops
-from guardedcron.guard.errors import DatabaseUnavailable
+from guardedcron.guard.connection import call_with_deadline, scrub
+from guardedcron.guard.errors import SchemaOutdated
 from guardedcron.guard.outputs import write_lost_marker, write_termination_message
 
 if TYPE_CHECKING:
     import psycopg
 
-# Do not wait for the last possible instant before calling a lease lost.
-SAFETY_MARGIN_SECONDS = 1.0
+    Connection = psycopg.Connection[tuple[Any, ...]]
+
+T = TypeVar("T")
+
+# The margin before the proven end of the lease at which the keeper calls it lost: a
+# fixed second (writing the marker, scheduling delays, the workload reading it) plus the
+# rate difference of the two clocks over one lease (the kernel slews an NTP-disciplined
+# clock by at most 500 ppm; we allow 1000). At most a quarter of the lease, so that very
+# short leases (tests) still leave time to renew.
+MARGIN_FIXED_SECONDS = 1.0
+CLOCK_RATE_ERROR = 0.001
+# After a failed (not hung) renewal, try again this much later, while the lease lasts.
 RETRY_SECONDS = 1.0
+# Of KEEPER_STOP_SECONDS (SIGTERM to exit, in every state), the release gets what is left
+# minus the time the process needs to exit; after that the lease runs out by itself.
+EXIT_RESERVE_SECONDS = 0.5
+# Recording a loss in the run history is best effort: the marker is already written.
+MARK_LOST_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,26 +69,79 @@ class KeepRequest:
     exit_on_lost: bool = True
 
 
+class DatabaseCall(Generic[T]):
+    """One database call in a daemon thread: connect if needed, then `call` under the
+    client-side deadline. The caller waits for it as long as it likes and may abandon it;
+    an abandoned call ends by its own deadline and its connection is never used again."""
+
+    def __init__(
+        self,
+        conn: Connection | None,
+        open_connection: Callable[[], Connection],
+        call: Callable[[Connection], T],
+        dsn: str,
+        seconds: float,
+        wake: threading.Event,
+    ) -> None:
+        self.conn = conn
+        self.value: T | None = None
+        self.error: Exception | None = None
+        self.done = threading.Event()
+        self._open = open_connection
+        self._call = call
+        self._dsn = dsn
+        self._seconds = seconds
+        self._wake = wake
+        threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self) -> None:
+        ends = time.monotonic() + self._seconds
+        try:
+            if self.conn is None:
+                self.conn = self._open()
+            self.value = call_with_deadline(self.conn, self._dsn, ends - time.monotonic(), self._call)
+        except Exception as exc:  # handed over to the waiting thread
+            self.error = exc
+            if self.conn is not None:
+                self.conn.close()  # broken or cut: never reused
+                self.conn = None
+        finally:
+            self.done.set()
+            self._wake.set()
+
+
 class Keeper:
     def __init__(
         self,
         request: KeepRequest,
-        connect: Callable[[str, float], psycopg.Connection[tuple[Any, ...]]],
+        connect: Callable[[str, float], Connection],
         log: Callable[[str], None],
     ) -> None:
         self.request = request
         self._connect = connect
         self._log = log
         self._stop = threading.Event()
-        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._stopped_at: float | None = None
+        # Set by a finished call and by stop(): the main thread's one thing to wait on.
+        self._wake = threading.Event()
+        # The connection of the last call that answered; None after any failure.
+        self._conn: Connection | None = None
         self.renewals = 0
 
     @property
     def interval(self) -> float:
-        return max(self.request.lease_seconds / 3.0, 0.2)
+        return self.request.lease_seconds / 3.0
+
+    @property
+    def margin(self) -> float:
+        lease = self.request.lease_seconds
+        return min(MARGIN_FIXED_SECONDS + CLOCK_RATE_ERROR * lease, lease / 4.0)
 
     def stop(self, *_: Any) -> None:
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         self._stop.set()
+        self._wake.set()
 
     def wait_for_stop(self) -> None:
         self._stop.wait()
@@ -74,58 +150,107 @@ class Keeper:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
 
-    def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect(self.request.dsn, self.request.connect_timeout)
-        return self._conn
-
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-
     def run(self) -> int:
         """Keep the lease until stopped; return the process exit code."""
         req = self.request
-        # Until the first renewal answers, assume only what the guard was given.
-        deadline = time.monotonic() + req.lease_seconds - SAFETY_MARGIN_SECONDS
+        # Until a renewal answers, count the lease from our own start: the guard acquired
+        # it just before (the previous init container), which the margin must cover.
+        deadline = time.monotonic() + req.lease_seconds - self.margin
         next_renewal = time.monotonic()
-        while not self._stop.is_set():
-            wait = next_renewal - time.monotonic()
-            if wait > 0 and self._stop.wait(wait):
-                break
-            try:
-                state = lease_ops.renew(
-                    self._connection(), req.lock, req.holder, req.fence, req.lease_seconds
+        last_error: str | None = None
+        while True:
+            if self._stop.wait(max(0.0, min(next_renewal, deadline) - time.monotonic())):
+                return self._release()
+            sent = time.monotonic()
+            if sent >= deadline:
+                # Renewals failed until now, or this process did not run in time (paused,
+                # starved): either way the lease can no longer be proven ours.
+                why = last_error or f"the keeper ran {sent - next_renewal:.1f} s late (paused or starved)"
+                return self._lost(f"could not renew before the lease could run out: {why}")
+            call = self._start(self._renew, deadline - sent)
+            if not self._wait(call, deadline, stop_ends_wait=True):
+                if self._stop.is_set():
+                    return self._release()
+                return self._lost(
+                    "could not renew before the lease could run out: "
+                    f"no answer within {deadline - sent:.1f} s"
                 )
-            except (DatabaseUnavailable, OSError, _psycopg_error()) as exc:
-                self._drop_connection()
-                if time.monotonic() >= deadline:
-                    return self._lost(f"could not renew before the lease ran out: {exc}")
-                self._log(f"renewal failed, retrying: {exc}")
+            state = self._finish(call)
+            if state is None:
+                assert call.error is not None
+                if self.renewals == 0 and isinstance(call.error, SchemaOutdated):
+                    self._log(str(call.error))
+                    return call.error.exit_code
+                last_error = self._describe(call.error)
+                self._log(f"renewal failed, retrying: {last_error}")
                 next_renewal = time.monotonic() + RETRY_SECONDS
                 continue
             if not state.ok:
                 return self._lost(f"lease taken over by {state.holder} with fence {state.fence}")
             self.renewals += 1
+            last_error = None
             remaining = (state.locked_until - state.db_now).total_seconds()  # type: ignore[operator]
-            deadline = time.monotonic() + remaining - SAFETY_MARGIN_SECONDS
-            next_renewal = time.monotonic() + self.interval
-        return self._release()
+            deadline = sent + remaining - self.margin
+            next_renewal = sent + self.interval
+
+    def _renew(self, conn: Connection) -> lease_ops.LeaseState:
+        req = self.request
+        return lease_ops.renew(conn, req.lock, req.holder, req.fence, req.lease_seconds)
+
+    def _start(self, call: Callable[[Connection], T], seconds: float) -> DatabaseCall[T]:
+        conn, self._conn = self._conn, None  # the call owns it until it answers
+        req = self.request
+        return DatabaseCall(
+            conn, lambda: self._connect(req.dsn, req.connect_timeout), call, req.dsn, seconds, self._wake
+        )
+
+    def _wait(self, call: DatabaseCall[T], until: float, *, stop_ends_wait: bool) -> bool:
+        """Wait for `call` to end, until `until` or (if asked) SIGTERM; True if it ended."""
+        while not call.done.is_set():
+            if stop_ends_wait and self._stop.is_set():
+                return False
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._wake.wait(remaining)
+            self._wake.clear()
+        return True
+
+    def _finish(self, call: DatabaseCall[T]) -> T | None:
+        """The answer of an ended call (its connection kept for the next), or None."""
+        if call.error is not None:
+            return None
+        self._conn = call.conn
+        return call.value
+
+    def _describe(self, error: Exception) -> str:
+        return scrub(str(error), self.request.dsn)
 
     def _release(self) -> int:
         req = self.request
-        try:
-            state = lease_ops.release(
-                self._connection(),
+        stopped_at = self._stopped_at if self._stopped_at is not None else time.monotonic()
+        by = stopped_at + KEEPER_STOP_SECONDS - EXIT_RESERVE_SECONDS
+        call = self._start(
+            lambda conn: lease_ops.release(
+                conn,
                 req.lock,
                 req.holder,
                 req.fence,
                 "finished",
                 "released by the keeper after the workload stopped",
+            ),
+            by - time.monotonic(),
+        )
+        if not self._wait(call, by, stop_ends_wait=False):
+            self._log(
+                f"release got no answer within {KEEPER_STOP_SECONDS:g} s of SIGTERM; "
+                "the lease runs out by itself"
             )
-        except Exception as exc:
-            self._log(f"release failed; the lease runs out by itself: {exc}")
+            return EXIT_OK
+        state = self._finish(call)
+        if state is None:
+            assert call.error is not None
+            self._log(f"release failed; the lease runs out by itself: {self._describe(call.error)}")
             return EXIT_OK
         if not state.ok:
             self._log(f"nothing to release: lease now held by {state.holder} (fence {state.fence})")
@@ -144,21 +269,21 @@ class Keeper:
 
     def _lost(self, reason: str) -> int:
         req = self.request
-        self._log(f"LEASE LOST for lock {req.lock} (fence {req.fence}): {reason}")
-        try:
-            lease_ops.mark_lost(self._connection(), req.lock, req.holder, req.fence, reason)
-        except Exception as exc:
-            self._log(f"could not record the loss in the run history: {exc}")
         details = {"lock": req.lock, "holder": req.holder, "fence": req.fence, "reason": reason}
+        # Local and instant first: the workload and Kubernetes learn of the loss even if
+        # the database never answers again.
         if req.out_dir is not None:
             write_lost_marker(req.out_dir, details)
         write_termination_message({"outcome": "lost", **details})
+        self._log(f"LEASE LOST for lock {req.lock} (fence {req.fence}): {reason}")
+        call = self._start(
+            lambda conn: lease_ops.mark_lost(conn, req.lock, req.holder, req.fence, reason),
+            MARK_LOST_SECONDS,
+        )
+        if not self._wait(call, time.monotonic() + MARK_LOST_SECONDS, stop_ends_wait=True):
+            self._log("could not record the loss in the run history: no answer in time")
+        elif call.error is not None:
+            self._log(f"could not record the loss in the run history: {self._describe(call.error)}")
         if not req.exit_on_lost:
             self.wait_for_stop()
         return EXIT_LEASE_LOST
-
-
-def _psycopg_error() -> type[Exception]:
-    import psycopg
-
-    return psycopg.Error
