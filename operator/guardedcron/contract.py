@@ -21,6 +21,7 @@ EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 64  # bad input: nothing was touched
 EXIT_UNAVAILABLE: Final = 69  # database unreachable or login refused
+EXIT_INTERNAL: Final = 70  # EX_SOFTWARE: a bug in guardedcron, told in one line without a traceback
 EXIT_NOT_ACQUIRED: Final = 75  # lease held, or slot already claimed: skip this run
 EXIT_LEASE_LOST: Final = 76  # keeper saw the lease taken over or could not renew in time
 EXIT_SCHEMA: Final = 78  # schema missing or older than this tool

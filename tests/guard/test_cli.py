@@ -291,8 +291,8 @@ def test_the_client_clock_decides_nothing(dsn: str) -> None:
 BAD_INPUT = [
     (["acquire", "--lock", "", "--holder", "a", "--lease-seconds", "5"], "lock must not be empty"),
     (["acquire", "--lock", "j", "--holder", "", "--lease-seconds", "5"], "holder must not be empty"),
-    (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "0"], "positive"),
-    (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "-3"], "positive"),
+    (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "0"], "from 0.1 to 604800"),
+    (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "-3"], "from 0.1 to 604800"),
     (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "soon"], "must be a number"),
     (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "nan"], "finite"),
     (
@@ -301,13 +301,13 @@ BAD_INPUT = [
     ),
     (
         ["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--min-hold-seconds", "-1"],
-        "negative",
+        "--min-hold-seconds must be from 0 to 604800",
     ),
     (
         ["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--slot", "12.5"],
         "must be an integer",
     ),
-    (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--slot", "-4"], "non-negative"),
+    (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--slot", "-4"], "--slot must be from 0 to"),
     (
         ["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--job-name", "x-1"],
         "needs --cronjob",
@@ -322,7 +322,7 @@ BAD_INPUT = [
     ),
     (
         ["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--retain-days", "0"],
-        "retain days",
+        "--retain-days must be from 1 to",
     ),
     (
         ["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--retain-runs", "x"],
@@ -333,7 +333,7 @@ BAD_INPUT = [
         ["renew", "--lock", "j", "--holder", "a", "--fence", "one", "--lease-seconds", "5"],
         "must be an integer",
     ),
-    (["renew", "--lock", "j", "--holder", "a", "--fence", "1", "--lease-seconds", "0"], "positive"),
+    (["renew", "--lock", "j", "--holder", "a", "--fence", "1", "--lease-seconds", "0"], "from 0.1 to"),
     (["release", "--lock", "j", "--holder", "a", "--fence", "1", "--outcome", "maybe"], "invalid choice"),
     (
         [
@@ -349,7 +349,7 @@ BAD_INPUT = [
         ],
         "cannot read --fence-file",
     ),
-    (["keep", "--lock", "j", "--holder", "a", "--fence", "1", "--lease-seconds", "-1"], "positive"),
+    (["keep", "--lock", "j", "--holder", "a", "--fence", "1", "--lease-seconds", "-1"], "from 0.1 to"),
     (["runs", "--lock", "j", "--gaps"], "--gaps needs --schedule"),
     (["runs", "--lock", "j", "--since", "yesterday"], "ISO 8601"),
 ]

@@ -6,7 +6,13 @@ import argparse
 import sys
 from typing import Any
 
-from guardedcron.cli.guard_commands import add_connection_options, connect_timeout, emit, say
+from guardedcron.cli.guard_commands import (
+    add_connection_options,
+    checked_dsn,
+    connect_timeout,
+    emit,
+    say,
+)
 from guardedcron.contract import EXIT_OK, EXIT_SCHEMA
 from guardedcron.guard.errors import GuardError
 
@@ -23,12 +29,13 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from guardedcron.guard.connection import connect, describe, resolve_dsn
+    from guardedcron.guard.connection import connect, describe
     from guardedcron.guard.migrations import current_version, migrate
 
     try:
-        dsn = resolve_dsn(args.dsn)
-        with connect(dsn, connect_timeout(args)) as conn:
+        timeout = connect_timeout(args)
+        dsn = checked_dsn(args)
+        with connect(dsn, timeout) as conn:
             applied = migrate(conn)
             version = current_version(conn)
     except GuardError as exc:
@@ -41,12 +48,13 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from guardedcron.guard.connection import connect, describe, resolve_dsn
+    from guardedcron.guard.connection import connect, describe
     from guardedcron.guard.migrations import LATEST_VERSION, current_version
 
     try:
-        dsn = resolve_dsn(args.dsn)
-        with connect(dsn, connect_timeout(args)) as conn:
+        timeout = connect_timeout(args)
+        dsn = checked_dsn(args)
+        with connect(dsn, timeout) as conn:
             version = current_version(conn)
     except GuardError as exc:
         say("db status", str(exc))

@@ -10,8 +10,13 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from guardedcron.contract import EXIT_USAGE
+from guardedcron.contract import EXIT_INTERNAL, EXIT_USAGE
+from guardedcron.guard import redaction
+
+# How much of an unexpected exception's message the last-resort line shows.
+INTERNAL_REASON_MAX = 300
 
 # sub-command -> (module under guardedcron.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,8 +33,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with the guard's exit code for bad usage and no credentials in its errors:
+    argparse quotes the offending argument, which may be a misplaced connection string."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {redaction.redact(message)}\n")
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="guardedcron",
         description="Scheduled Kubernetes jobs that run once, guarded by a PostgreSQL lease.",
     )
@@ -45,11 +59,52 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    # Before anything can fail: from here on every message hides these connection strings.
+    redaction.register_arguments(args_list)
     command = next((a for a in args_list if not a.startswith("-")), None)
-    parser = build_parser(command if command in COMMANDS else None)
+    if command not in COMMANDS:
+        command = None
     try:
-        args = parser.parse_args(args_list)
-    except SystemExit as exc:  # argparse exits 2 on bad usage; our contract says 64
-        return EXIT_USAGE if exc.code not in (0, None) else 0
-    result: int = args.run(args)
-    return result
+        parser = build_parser(command)
+        try:
+            args = parser.parse_args(args_list)
+        except SystemExit as exc:  # --help (0), or bad usage (Parser.error: 64)
+            return EXIT_USAGE if exc.code not in (0, None) else 0
+        redaction.register([getattr(args, "dsn", None)])
+        result: int = args.run(args)
+        return result
+    except Exception as exc:  # the last resort: one line, no traceback
+        return report_internal_error(command or "", args_list, exc)
+
+
+def report_internal_error(command: str, argv: list[str], exc: Exception) -> int:
+    """A bug, not an input or database problem (those have their own codes): say what broke in
+    one line without credentials, and leave the operator a termination message."""
+    detail = " ".join(str(exc).split())[:INTERNAL_REASON_MAX]
+    reason = redaction.redact(f"internal error ({type(exc).__name__}): {detail}")
+    prefix = f"guardedcron {command}" if command else "guardedcron"
+    sys.stderr.write(f"{prefix}: {reason}; please report this\n")
+    sys.stderr.flush()
+    if command == "acquire":
+        from guardedcron.guard.outputs import write_termination_message
+
+        write_termination_message(
+            {
+                "outcome": "error",
+                "exitCode": EXIT_INTERNAL,
+                "lock": _option(argv, "--lock"),
+                "holder": _option(argv, "--holder"),
+                "reason": reason,
+            }
+        )
+    return EXIT_INTERNAL
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """An option's value read straight from the arguments (the parsed ones may not exist)."""
+    for index, arg in enumerate(argv):
+        if arg == name and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1 :]
+    return None

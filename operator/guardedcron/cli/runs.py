@@ -3,20 +3,38 @@
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timedelta
-from typing import Any
+import itertools
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import TYPE_CHECKING, Any
 
 from guardedcron.cli.guard_commands import (
     add_connection_options,
+    check_name_argument,
+    checked_dsn,
     connect_timeout,
     emit,
-    parse_number,
+    parse_integer,
+    parse_seconds,
     say,
+    shown,
 )
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK
 from guardedcron.guard.errors import BadInput, GuardError
 
+if TYPE_CHECKING:
+    from guardedcron.schedule import Schedule
+
 DEFAULT_GAP_WINDOW = timedelta(days=7)
+# A run that starts later than this is late whatever the tolerance: a wider one would
+# hide every gap of the default window.
+MAX_TOLERANCE = DEFAULT_GAP_WINDOW
+# What a gap search may expand a schedule to: a year of a job every 5 minutes. More is
+# a window too wide to answer in one query; narrow --since/--until instead.
+MAX_EXPECTED_RUNS = 110_000
+# Times the gap search accepts: inside both Python's and PostgreSQL's ranges, with room
+# for the window and tolerance arithmetic on either side.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -52,9 +70,15 @@ def parse_time(what: str, text: str) -> datetime:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
-        raise BadInput(f"{what} must be an ISO 8601 time, got {text!r}") from None
+        raise BadInput(f"{what} must be an ISO 8601 time, got {shown(text)}") from None
     if value.tzinfo is None:
         raise BadInput(f"{what} needs a UTC offset, e.g. {text}+00:00")
+    try:
+        in_range = EARLIEST <= value <= LATEST
+    except OverflowError:  # the offset moves it past year 1 or 9999
+        in_range = False
+    if not in_range:
+        raise BadInput(f"{what} must be from {EARLIEST.date()} to {LATEST.date()}, got {shown(text)}")
     return value
 
 
@@ -68,12 +92,19 @@ def run_runs(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from guardedcron.guard import history
-    from guardedcron.guard.connection import connect, raise_for_database, resolve_dsn
-    from guardedcron.guard.lease import check_name
+    from guardedcron.guard.connection import connect, raise_for_database
+    from guardedcron.guard.lease import MAX_RETAIN_RUNS
 
-    check_name("lock", args.lock)
-    limit = int(parse_number("--limit", args.limit, integer=True))
-    tolerance = timedelta(seconds=parse_number("--tolerance-seconds", args.tolerance_seconds))
+    check_name_argument("--lock", args.lock)
+    limit = parse_integer("--limit", args.limit, minimum=0, maximum=MAX_RETAIN_RUNS)
+    tolerance = timedelta(
+        seconds=parse_seconds(
+            "--tolerance-seconds",
+            args.tolerance_seconds,
+            minimum=0,
+            maximum=MAX_TOLERANCE.total_seconds(),
+        )
+    )
     schedule = zone = None
     if args.gaps:
         if not args.schedule:
@@ -87,11 +118,18 @@ def _run(args: argparse.Namespace) -> int:
             raise BadInput(str(exc)) from None
     since = parse_time("--since", args.since) if args.since else None
     until = parse_time("--until", args.until) if args.until else None
+    if since is not None and until is not None and since > until:
+        raise BadInput(f"--since ({since.isoformat()}) is after --until ({until.isoformat()})")
+    timeout = connect_timeout(args)
+    dsn = checked_dsn(args)
 
-    dsn = resolve_dsn(args.dsn)
     report: dict[str, Any] = {"lock": args.lock}
-    with connect(dsn, connect_timeout(args)) as conn:
+    with connect(dsn, timeout) as conn:
         try:
+            # The gap window first: it may still refuse the input, before anything is written.
+            window = None
+            if schedule is not None and zone is not None:
+                window = _gap_window(conn, args.lock, schedule, zone, since, until, tolerance)
             if args.mark_abandoned:
                 report["marked_abandoned"] = history.mark_abandoned(conn, args.lock)
             runs = history.list_runs(conn, args.lock, limit)
@@ -101,21 +139,8 @@ def _run(args: argparse.Namespace) -> int:
                     {"earlier": o.earlier.as_json(), "later": o.later.as_json()}
                     for o in history.find_overlaps(conn, args.lock)
                 ]
-            if schedule is not None and zone is not None:
-                row = conn.execute(
-                    "SELECT clock_timestamp(), min(started_at) FROM guardedcron.runs WHERE lock_name = %s",
-                    (args.lock,),
-                ).fetchone()
-                assert row is not None
-                db_now: datetime = row[0]
-                oldest_kept: datetime | None = row[1]
-                end = until or db_now - tolerance
-                start = since or end - DEFAULT_GAP_WINDOW
-                if since is None and oldest_kept is not None:
-                    # Before the oldest run retention kept, a missing run is not a gap.
-                    start = max(start, oldest_kept - tolerance)
-                # iter_between excludes its start; the window includes it.
-                expected = list(schedule.iter_between(start - timedelta(microseconds=1), end, zone))
+            if window is not None:
+                start, end, expected = window
                 gaps = history.find_gaps(conn, args.lock, expected, tolerance)
                 report["gaps"] = [{"expected_at": g.expected_at.isoformat(), "slot": g.slot} for g in gaps]
                 report["gap_window"] = {
@@ -133,6 +158,40 @@ def _run(args: argparse.Namespace) -> int:
         print_report(report)
     trouble = report.get("gaps") or report.get("overlaps")
     return EXIT_FAILURE if trouble else EXIT_OK
+
+
+def _gap_window(
+    conn: Any,
+    lock: str,
+    schedule: Schedule,
+    zone: tzinfo,
+    since: datetime | None,
+    until: datetime | None,
+    tolerance: timedelta,
+) -> tuple[datetime, datetime, list[datetime]]:
+    """The window to search (default: the last 7 days, no older than the oldest kept run)
+    and the fire times the schedule expects in it; too many is bad input."""
+    row = conn.execute(
+        "SELECT clock_timestamp(), min(started_at) FROM guardedcron.runs WHERE lock_name = %s",
+        (lock,),
+    ).fetchone()
+    assert row is not None
+    db_now: datetime = row[0]
+    oldest_kept: datetime | None = row[1]
+    end = until or db_now - tolerance
+    start = since or end - DEFAULT_GAP_WINDOW
+    if since is None and oldest_kept is not None:
+        # Before the oldest run retention kept, a missing run is not a gap.
+        start = max(start, oldest_kept - tolerance)
+    # iter_between excludes its start; the window includes it.
+    fire_times = schedule.iter_between(start - timedelta(microseconds=1), end, zone)
+    expected = list(itertools.islice(fire_times, MAX_EXPECTED_RUNS + 1))
+    if len(expected) > MAX_EXPECTED_RUNS:
+        raise BadInput(
+            f"the schedule fires more than {MAX_EXPECTED_RUNS} times between {start.isoformat()} "
+            f"and {end.isoformat()}; narrow the window with --since/--until"
+        )
+    return start, end, expected
 
 
 def print_report(report: dict[str, Any]) -> None:

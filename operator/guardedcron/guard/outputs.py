@@ -23,6 +23,7 @@ from guardedcron.contract import (
     TERMINATION_LOG,
     TERMINATION_MESSAGE_MAX,
 )
+from guardedcron.guard.redaction import redact
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -52,10 +53,37 @@ def write_termination_message(summary: dict[str, Any]) -> None:
     path = termination_log_path()
     if not path.exists():
         return
-    text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
-    if len(text.encode()) > TERMINATION_MESSAGE_MAX:
-        summary = {k: v for k, v in summary.items() if k != "reason"}
-        text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
+    text = termination_message(summary)
     # A missing or read-only termination log must not fail the run.
     with contextlib.suppress(OSError):
         path.write_text(text)
+
+
+# Each step keeps less of a summary that is too long: the reason first (it can be
+# rebuilt from the run history), then long strings (a lock name may have 253 characters,
+# each up to 12 bytes once escaped), and at last every string but the outcome.
+_STRING_LIMITS = (None, None, 256, 32, 0)
+
+
+def termination_message(summary: dict[str, Any]) -> str:
+    """Compact JSON of at most TERMINATION_MESSAGE_MAX bytes (Kubernetes keeps no more),
+    credentials hidden, whatever the summary holds."""
+    for step, limit in enumerate(_STRING_LIMITS):
+        kept = {
+            key: _shortened(key, value, limit)
+            for key, value in summary.items()
+            if not (step > 0 and key == "reason")
+        }
+        text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
+        if len(text.encode()) <= TERMINATION_MESSAGE_MAX:
+            return text
+    return json.dumps({"outcome": str(summary.get("outcome", "error"))[:32], "truncated": True})
+
+
+def _shortened(key: str, value: Any, limit: int | None) -> Any:
+    if not isinstance(value, str):
+        return value if isinstance(value, int | float | bool) or value is None else str(value)[:64]
+    value = redact(value)
+    if limit is None or len(value) <= limit or key == "outcome":
+        return value
+    return value[:limit] + "..." if limit else ""
