@@ -377,6 +377,11 @@ REFUSED: list[Any] = [
     # refused by the OpenAPI schema itself
     ("on-lost-unknown", [put("spec.lease.onLost", "Sometimes")],
      ("schema", ".spec.lease.onLost", "is not one of ['Record', 'StopWorkload']")),
+    ("lease-of-31700-years", [put("spec.lease.durationSeconds", 1_000_000_000_000)],
+     ("schema", ".spec.lease.durationSeconds", "greater than the maximum of 604800")),
+    ("min-hold-over-7-days", [put("spec.lease.durationSeconds", 604_800),
+                              put("spec.lease.minHoldSeconds", 604_801)],
+     ("schema", ".spec.lease.minHoldSeconds", "greater than the maximum of 604800")),
     ("active-deadline-zero", [put("spec.activeDeadlineSeconds", 0)],
      ("schema", ".spec.activeDeadlineSeconds", "less than the minimum of 1")),
     ("no-lease", [drop("spec.lease")],
@@ -432,6 +437,8 @@ ADMITTED: list[Any] = [
      [put("spec.lease.heartbeat", True), put("spec.lease.durationSeconds", 15),
       put("spec.activeDeadlineSeconds", 86400)]),
     ("min-hold-equal-to-lease", [put("spec.lease.minHoldSeconds", 3900)]),
+    ("lease-and-min-hold-of-7-days", [put("spec.lease.durationSeconds", 604_800),
+                                      put("spec.lease.minHoldSeconds", 604_800)]),
     ("starting-deadline-10", [put("spec.startingDeadlineSeconds", 10)]),
     ("schedule-padded-fields", [put("spec.schedule", "  0   1 * * MON-FRI ")]),
     ("schedule-question-marks", [put("spec.schedule", "0 0 ? * ?")]),
@@ -461,3 +468,13 @@ def test_last_trigger_token_holds_any_token_the_operator_accepts() -> None:
 
     token = _schema_at(["status", "lastTriggerToken"])
     assert token["type"] == "string" and token["maxLength"] == TRIGGER_TOKEN_MAX
+
+
+def test_the_lease_bounds_are_the_guards_and_kubectl_explain_gives_the_reason() -> None:
+    lease = SCHEMA["properties"]["spec"]["properties"]["lease"]["properties"]
+    for key in ("durationSeconds", "minHoldSeconds"):
+        assert lease[key]["maximum"] == contract.MAX_LEASE_SECONDS
+        description = " ".join(lease[key]["description"].split()).lower()
+        assert f"at most {contract.MAX_LEASE_SECONDS} (7 days)" in description
+    assert "dies unseen keeps the job locked" in " ".join(
+        lease["durationSeconds"]["description"].split())

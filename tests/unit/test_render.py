@@ -173,6 +173,11 @@ def test_crd_file_from_the_environment(tmp_path: Path) -> None:
                   ("activeDeadlineSeconds: 3600", "activeDeadlineSeconds: 7200")],
                  ["spec.schedule:", "spec.timeZone:", "spec.lease.durationSeconds: must exceed "
                   "spec.activeDeadlineSeconds (7200)"], id="three-at-once"),
+    pytest.param([("databaseSecretRef: {name: jobs-db, key: dsn}",
+                   "databaseSecretRef: {name: jobs-db, key: dsn}\n    durationSeconds: 1000000000000")],
+                 ["-, document 1 (nightly-invoices): spec.lease.durationSeconds: must be at most "
+                  "604800 (7 days), not 1000000000000: a run whose pod dies unseen keeps the job "
+                  "locked"], id="lease-of-31700-years"),
 ])
 def test_invalid_input_exits_64_with_every_reason(edits: list[tuple[str, str]],
                                                    reasons: list[str | tuple[str, ...]]) -> None:

@@ -71,6 +71,13 @@ def test_default_namespace_can_be_chosen() -> None:
     assert (parsed.namespace, parsed.spec.lease.name) == ("ops", "ops/nightly-invoices")
 
 
+def test_a_lease_of_exactly_seven_days_is_fine() -> None:
+    parsed = parse_with({"spec.lease.durationSeconds": 604_800,
+                         "spec.lease.minHoldSeconds": 604_800})
+    assert (parsed.spec.lease.duration_seconds, parsed.spec.lease.min_hold_seconds) == (
+        604_800, 604_800)
+
+
 def test_long_lease_is_fine_with_heartbeat() -> None:
     parsed = parse_with({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 15})
     assert parsed.spec.lease.duration_seconds == 15
@@ -130,6 +137,15 @@ INVALID: list[Any] = [
                  id="heartbeat-lease-14"),
     pytest.param({"spec.lease.minHoldSeconds": 4000}, "spec.lease.minHoldSeconds",
                  "at most spec.lease.durationSeconds (3900)", id="min-hold-over-lease"),
+    pytest.param({"spec.lease.durationSeconds": 1_000_000_000_000}, "spec.lease.durationSeconds",
+                 "at most 604800 (7 days), not 1000000000000: a run whose pod dies unseen",
+                 id="lease-of-31700-years"),
+    pytest.param({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 604_801},
+                 "spec.lease.durationSeconds", "at most 604800 (7 days)",
+                 id="lease-a-second-over-7-days"),
+    pytest.param({"spec.lease.durationSeconds": 604_800, "spec.lease.minHoldSeconds": 604_801},
+                 "spec.lease.minHoldSeconds", "at most 604800 (7 days)",
+                 id="min-hold-a-second-over-7-days"),
     pytest.param({"spec.lease.durationSeconds": DELETE}, "spec.lease.durationSeconds",
                  "required", id="lease-duration-missing"),
     pytest.param({"spec.lease.databaseSecretRef": DELETE}, "spec.lease.databaseSecretRef",

@@ -245,8 +245,8 @@ def _read_lease(r: _Reader, lease: Mapping[str, Any], default_name: str,
                   f"must be at most {MAX_LEASE_NAME_LENGTH} characters, not {len(name)}")
     elif name is not None and _CONTROL_CHARACTER.search(name):
         r.problem("spec.lease.name", "must not contain control characters")
-    duration = r.integer(lease, "durationSeconds", "spec.lease.durationSeconds", minimum=1)
-    min_hold = r.integer(lease, "minHoldSeconds", "spec.lease.minHoldSeconds", minimum=0)
+    duration = _lease_seconds(r, lease, "durationSeconds", minimum=1)
+    min_hold = _lease_seconds(r, lease, "minHoldSeconds", minimum=0)
     heartbeat = r.field(lease, "heartbeat", "spec.lease.heartbeat", bool, required=True)
     on_lost = r.field(lease, "onLost", "spec.lease.onLost", str, required=True)
     if on_lost is not None and on_lost not in get_args(OnLost):
@@ -274,6 +274,18 @@ def _read_lease(r: _Reader, lease: Mapping[str, Any], default_name: str,
     return LeaseSpec(name=name or default_name, database_secret_ref=ref,
                      duration_seconds=duration, min_hold_seconds=min_hold, heartbeat=heartbeat,
                      on_lost=cast(OnLost, on_lost))
+
+
+def _lease_seconds(r: _Reader, lease: Mapping[str, Any], key: str, *, minimum: int
+                   ) -> int | None:
+    path = f"spec.lease.{key}"
+    value = r.integer(lease, key, path, minimum=minimum)
+    if value is not None and value > contract.MAX_LEASE_SECONDS:
+        r.problem(path, f"must be at most {contract.MAX_LEASE_SECONDS} (7 days), not {value}: "
+                  "a run whose pod dies unseen keeps the job locked until its lease ends; "
+                  "longer runs use spec.lease.heartbeat, which keeps a short lease alive")
+        return None
+    return value
 
 
 def _read_secret_ref(r: _Reader, lease: Mapping[str, Any]) -> SecretKeyRef | None:
