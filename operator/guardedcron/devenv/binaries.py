@@ -183,7 +183,7 @@ def ensure_binaries(progress: Progress = print) -> Paths:
     if not forced and _is_current(paths, wanted):
         return paths
     version_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(version_dir / ".lock"):
+    with exclusive_lock(version_dir / ".lock"):
         # Another process may have finished the same build while we waited for the lock.
         if not forced and _is_current(paths, wanted):
             return paths
@@ -207,7 +207,7 @@ def _is_current(paths: Paths, wanted: dict[str, str]) -> bool:
 
 
 @contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
     with lock_path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
