@@ -4,18 +4,23 @@ someone else holds is never touched; failures are Events that carry no password.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.lease import AcquireRequest
 from guardedcron.handlers.context import PassMemory
+from guardedcron.handlers.outcomes import APPLICATION_NAME, RECORDING_TIMEOUT_SECONDS
 from guardedcron.kube import SECRETS, KubeClient
+from tests.conftest import Proxied
 from tests.operator.conftest import T0, create_gcj, one_pass
 from tests.operator.emulator import GuardedEmulator
 from tests.operator.runs_support import full_pass, store_run
@@ -145,3 +150,69 @@ async def test_failures_are_events_without_the_password(
     assert expected in message
     assert password not in message and event["type"] == "Warning"
     assert job["metadata"]["name"] in message
+
+
+def operator_call_waits_on_a_lock(dsn: str) -> bool:
+    """Whether the operator's call is (soon, within 10 s) waiting on a lock in the database."""
+    with database(dsn) as conn:
+        for _ in range(200):
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                               " AND application_name = %s AND wait_event_type = 'Lock'",
+                               (APPLICATION_NAME,)).fetchone()
+            if row and row[0]:
+                return True
+            time.sleep(0.05)
+    return False
+
+
+async def test_a_database_whose_answer_never_comes_is_an_event_within_the_bound(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, dsn: str, proxied: Proxied) -> None:
+    """The release reaches the database and waits on the lease row's lock; the network then
+    swallows everything (Toxiproxy, no RST/FIN) and the lock is freed: no answer, ever."""
+    job, pods = runs.succeeded(AT, 1)
+    with database(dsn) as conn:
+        assert lease_ops.acquire(conn, AcquireRequest(LOCK, k.holder_of(job), 3600)).acquired
+    await secret(client, proxied.dsn)
+    await create_gcj(client, base_gcj())
+    await one_pass(client, NS, NAME, now=T0)
+    await store_run(client, job, pods)
+
+    with psycopg.connect(dsn) as blocker:
+        blocker.execute("SELECT 1 FROM guardedcron.leases WHERE lock_name = %s FOR UPDATE", (LOCK,))
+        started = time.monotonic()
+        recording = asyncio.create_task(
+            full_pass(client, NS, NAME, now=T0, memory=PassMemory(), outcome_recording=True))
+        assert await asyncio.to_thread(operator_call_waits_on_a_lock, dsn)
+        proxied.proxy.blackhole()
+        blocker.commit()
+    await asyncio.wait_for(recording, 60)
+    took = time.monotonic() - started
+
+    # The stated bound, with slack for a loaded machine (not a speed claim).
+    assert took < RECORDING_TIMEOUT_SECONDS + 5, took
+    (event,) = not_recorded(api)
+    port = proxied.proxy.listen_port
+    assert f"no answer from database guardedcron@127.0.0.1:{port}/" in event["message"]
+    assert f"within {RECORDING_TIMEOUT_SECONDS:g} s" in event["message"]
+    password = conninfo_to_dict(dsn)["password"]
+    assert password and str(password) not in event["message"]
+    # The release ran in the database once the lock was freed; only its answer was lost.
+    assert lease_and_runs(dsn)[1][0][1] == "succeeded"
+
+
+async def test_a_schema_without_release_v2_asks_for_the_migration(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, dsn: str) -> None:
+    job, pods = runs.succeeded(AT, 1)
+    with database(dsn) as conn:
+        assert lease_ops.acquire(conn, AcquireRequest(LOCK, k.holder_of(job), 3600)).acquired
+        conn.execute("DROP FUNCTION guardedcron.release_v2")  # a database still on schema version 2
+    await secret(client, dsn)
+    await create_gcj(client, base_gcj())
+    await one_pass(client, NS, NAME, now=T0)
+    await store_run(client, job, pods)
+
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory(), outcome_recording=True)
+
+    (event,) = not_recorded(api)
+    assert "is missing or older than version 3; run `guardedcron db migrate`" in event["message"]
+    assert lease_and_runs(dsn)[0] == (k.holder_of(job), True)

@@ -166,14 +166,15 @@ class Keeper:
                 # Renewals failed until now, or this process did not run in time (paused,
                 # starved): either way the lease can no longer be proven ours.
                 why = last_error or f"the keeper ran {sent - next_renewal:.1f} s late (paused or starved)"
-                return self._lost(f"could not renew before the lease could run out: {why}")
+                return self._lost(f"could not renew before the lease could run out: {why}", deadline)
             call = self._start(self._renew, deadline - sent)
             if not self._wait(call, deadline, stop_ends_wait=True):
                 if self._stop.is_set():
                     return self._release()
                 return self._lost(
                     "could not renew before the lease could run out: "
-                    f"no answer within {deadline - sent:.1f} s"
+                    f"no answer within {deadline - sent:.1f} s",
+                    deadline,
                 )
             state = self._finish(call)
             if state is None:
@@ -186,7 +187,7 @@ class Keeper:
                 next_renewal = time.monotonic() + RETRY_SECONDS
                 continue
             if not state.ok:
-                return self._lost(f"lease taken over by {state.holder} with fence {state.fence}")
+                return self._lost(f"lease taken over by {state.holder} with fence {state.fence}", None)
             self.renewals += 1
             last_error = None
             remaining = (state.locked_until - state.db_now).total_seconds()  # type: ignore[operator]
@@ -267,7 +268,8 @@ class Keeper:
         )
         return EXIT_OK
 
-    def _lost(self, reason: str) -> int:
+    def _lost(self, reason: str, deadline: float | None) -> int:
+        """Report the loss; `deadline` is the one the keeper missed (None: taken over)."""
         req = self.request
         details = {"lock": req.lock, "holder": req.holder, "fence": req.fence, "reason": reason}
         # Local and instant first: the workload and Kubernetes learn of the loss even if
@@ -276,14 +278,26 @@ class Keeper:
             write_lost_marker(req.out_dir, details)
         write_termination_message({"outcome": "lost", **details})
         self._log(f"LEASE LOST for lock {req.lock} (fence {req.fence}): {reason}")
+        record_until = self._record_until(deadline)
         call = self._start(
             lambda conn: lease_ops.mark_lost(conn, req.lock, req.holder, req.fence, reason),
-            MARK_LOST_SECONDS,
+            record_until - time.monotonic(),
         )
-        if not self._wait(call, time.monotonic() + MARK_LOST_SECONDS, stop_ends_wait=True):
+        if not self._wait(call, record_until, stop_ends_wait=True):
             self._log("could not record the loss in the run history: no answer in time")
         elif call.error is not None:
             self._log(f"could not record the loss in the run history: {self._describe(call.error)}")
         if not req.exit_on_lost:
             self.wait_for_stop()
         return EXIT_LEASE_LOST
+
+    def _record_until(self, deadline: float | None) -> float:
+        """Until when recording the loss may delay the exit. While the lease may still be
+        ours (up to `deadline + margin`), the exit comes first, before anyone else can
+        hold the lease; once that instant is past, a short fixed bound."""
+        now = time.monotonic()
+        bounded = now + MARK_LOST_SECONDS
+        if deadline is None:
+            return bounded
+        lease_end = deadline + self.margin - EXIT_RESERVE_SECONDS
+        return min(bounded, lease_end) if lease_end > now else bounded

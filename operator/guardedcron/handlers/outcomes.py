@@ -1,12 +1,19 @@
 """Outcome recording (`GUARDEDCRON_OUTCOME_RECORDING=true`, off by default): for each run
 that finished having held the lease, the operator calls the guard's
-`release_v1(lock, holder, outcome, reason)` in the GuardedCronJob's database.
+`release_v2(lock, holder, fence, outcome, reason)` in the GuardedCronJob's database.
 
 That records `succeeded`/`failed` on the run's history row while it is still `running`
 (a run without the keeper: nothing else ends it), and ends the lease early if the
 finished run still holds it (`locked_until` becomes now, or the minimum hold). It never
-touches someone else's lease: release_v1 changes nothing unless `holder` is the lease's
-holder, and holders are unique per pod.
+touches someone else's lease, nor a newer generation of the same holder: release_v2
+changes nothing unless `holder` and `fence` are the lease's current ones. It needs the
+schema's version 3; an older schema is an `OutcomeNotRecorded` Event saying to migrate.
+
+Every wait is bounded (docs/design.md, "Bounded waits"): the connection has libpq's
+connect timeout, TCP keepalives and `tcp_user_timeout`; the whole recording ends by
+RECORDING_TIMEOUT_SECONDS because each call's socket is shut down at that instant if it
+has not answered (no task cancellation: psycopg would then try to cancel the query over
+the network, which can itself hang for seconds).
 
 The DSN is read from the Secret the spec names only when there is something to record,
 kept in a local variable for that one connection, and never logged: messages name
@@ -22,7 +29,16 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from guardedcron.guard.connection import SCHEMA_MISSING_STATES, describe, last_line, scrub
+from guardedcron.guard.connection import (
+    SCHEMA_MISSING_STATES,
+    check_dsn,
+    connection_options,
+    describe,
+    last_line,
+    scrub,
+    shut_down_socket,
+)
+from guardedcron.guard.errors import BadInput
 from guardedcron.kube import SECRETS, ApiError, KubeClient, KubeError, NotFound
 from guardedcron.spec import ParsedSpec
 from guardedcron.status import EventReason, RunEvent
@@ -46,10 +62,7 @@ async def record_outcomes(parsed: ParsedSpec | None, records: Sequence[OutcomeRe
         return []
     try:
         dsn = await read_dsn(client, namespace, parsed)
-        answers = await asyncio.wait_for(_release_all(dsn, parsed.spec.lease.name, records),
-                                         RECORDING_TIMEOUT_SECONDS)
-    except TimeoutError:
-        return _not_recorded(records, f"the database did not answer within {RECORDING_TIMEOUT_SECONDS:g} s")
+        answers = await _release_all(dsn, parsed.spec.lease.name, records)
     except NotRecorded as error:
         return _not_recorded(records, str(error))
     for record, (released, holder) in zip(records, answers, strict=True):
@@ -89,32 +102,41 @@ async def _release_all(dsn: str, lock: str,
                        records: Sequence[OutcomeRecord]) -> list[tuple[bool, str | None]]:
     # Imported here: an operator that does not record outcomes never loads the driver.
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict
 
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + RECORDING_TIMEOUT_SECONDS
     try:
-        conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        raise NotRecorded("the database DSN cannot be parsed (value not shown)") from None
+        check_dsn(dsn)
+    except BadInput as error:
+        raise NotRecorded(str(error)) from None
     try:
         connection = await psycopg.AsyncConnection.connect(
-            dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, application_name=APPLICATION_NAME)
+            dsn, application_name=APPLICATION_NAME, **connection_options(CONNECT_TIMEOUT_SECONDS))
     except psycopg.Error as error:
         reason = last_line(scrub(str(error), dsn))
         raise NotRecorded(f"cannot reach database {describe(dsn)}: {reason}") from None
+    # At `ends`, cut the socket: the call waiting on it fails at once, whatever the network does.
+    watchdog = loop.call_at(ends, shut_down_socket, connection.fileno())
     answers = []
     try:
         async with connection:
             for record in records:
                 cursor = await connection.execute(
-                    "SELECT released, holder FROM guardedcron.release_v1(%s, %s, %s, %s)",
-                    (lock, record.holder, record.outcome, record.reason))
+                    "SELECT released, holder FROM guardedcron.release_v2(%s, %s, %s, %s, %s)",
+                    (lock, record.holder, record.fence, record.outcome, record.reason))
                 row = await cursor.fetchone()
                 answers.append((bool(row and row[0]), None if row is None or row[1] is None else str(row[1])))
+            watchdog.cancel()  # before the connection closes: its fd may then be reused
     except psycopg.Error as error:
+        if loop.time() >= ends:
+            raise NotRecorded(f"no answer from database {describe(dsn)} within "
+                              f"{RECORDING_TIMEOUT_SECONDS:g} s") from None
         if error.sqlstate in SCHEMA_MISSING_STATES:
-            raise NotRecorded(f"the guardedcron schema in {describe(dsn)} is missing or outdated; "
-                              "run `guardedcron db migrate`") from None
+            raise NotRecorded(f"the guardedcron schema in {describe(dsn)} is missing or older than "
+                              "version 3; run `guardedcron db migrate`") from None
         raise NotRecorded(f"database {describe(dsn)}: {last_line(scrub(str(error), dsn))}") from None
+    finally:
+        watchdog.cancel()  # no await since the close: the loop cannot have run it on a reused fd
     return answers
 
 
