@@ -314,3 +314,13 @@ def test_the_sql_functions_refuse_leases_out_of_bounds_from_any_client(dsn: str)
                 )
         count = conn.execute("SELECT count(*) FROM guardedcron.runs").fetchone()
         assert count == (0,)
+
+
+def test_renew_release_and_mark_lost_work_under_serializable(dsn: str) -> None:
+    with connect(dsn) as conn:
+        conn.execute(f"ALTER DATABASE {conn.info.dbname} SET default_transaction_isolation = 'serializable'")
+    with connect(dsn) as conn:
+        held = lease_ops.acquire(conn, AcquireRequest("job", "A", 60))
+        assert lease_ops.renew(conn, "job", "A", held.fence, 120).ok
+        assert lease_ops.mark_lost(conn, "job", "A", held.fence, "test") is True
+        assert lease_ops.release(conn, "job", "A", held.fence, "failed").ok

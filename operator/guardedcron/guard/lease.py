@@ -191,12 +191,13 @@ def renew(conn: Connection, lock: str, holder: str, fence: int, lease_seconds: f
     check_name("holder", holder)
     check_fence_value(fence)
     check_lease_seconds("lease seconds", lease_seconds)
-    row = conn.execute(
-        "SELECT * FROM guardedcron.renew_v2(%s, %s, %s, %s)",
-        (lock, holder, fence, float(lease_seconds)),
-    ).fetchone()
-    assert row is not None
-    return _state(row)
+    return _state(
+        _fetch_retrying(
+            conn,
+            "SELECT * FROM guardedcron.renew_v2(%s, %s, %s, %s)",
+            (lock, holder, fence, float(lease_seconds)),
+        )
+    )
 
 
 def release(
@@ -208,20 +209,37 @@ def release(
     check_fence_value(fence)
     if outcome not in OUTCOMES_ON_RELEASE:
         raise BadInput(f"outcome must be one of {', '.join(OUTCOMES_ON_RELEASE)}, got {outcome!r}")
-    row = conn.execute(
-        "SELECT released, holder, fence, locked_until, db_now"
-        " FROM guardedcron.release_v2(%s, %s, %s, %s, %s)",
-        (lock, holder, fence, outcome, reason),
-    ).fetchone()
-    assert row is not None
-    return _state(row)
+    return _state(
+        _fetch_retrying(
+            conn,
+            "SELECT released, holder, fence, locked_until, db_now"
+            " FROM guardedcron.release_v2(%s, %s, %s, %s, %s)",
+            (lock, holder, fence, outcome, reason),
+        )
+    )
 
 
 def mark_lost(conn: Connection, lock: str, holder: str, fence: int, reason: str) -> bool:
-    row = conn.execute(
-        "SELECT guardedcron.mark_lost_v1(%s, %s, %s, %s)", (lock, holder, fence, reason)
-    ).fetchone()
-    return row is not None and row[0] is not None
+    row = _fetch_retrying(
+        conn, "SELECT guardedcron.mark_lost_v1(%s, %s, %s, %s)", (lock, holder, fence, reason)
+    )
+    return row[0] is not None
+
+
+def _fetch_retrying(conn: Connection, query: str, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
+    """One row of a one-statement call, retried on serialization failures (other isolation levels)."""
+    import psycopg
+
+    for attempt in range(1, SERIALIZATION_TRIES + 1):
+        try:
+            row = conn.execute(query, arguments).fetchone()
+        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+            if attempt == SERIALIZATION_TRIES or not conn.autocommit:
+                raise
+            continue
+        assert row is not None
+        return row
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def _state(row: tuple[Any, ...]) -> LeaseState:
