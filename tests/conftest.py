@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import compileall
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import psycopg
@@ -12,6 +15,39 @@ from psycopg.conninfo import conninfo_to_dict
 
 from guardedcron.devenv.postgres import ThrowawayPostgres
 from guardedcron.devenv.toxiproxy import Proxy, Toxiproxy
+
+# --- where timed checks run --------------------------------------------------------------
+QUIET_MACHINE = "quiet_machine"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{QUIET_MACHINE}: times the guard itself (the seeds' 5-second check), so it runs first,"
+        " before any session-wide server or control plane has started",
+    )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The guard processes the tests start load bytecode, as in the image (compiled at build
+    time), rather than compiling every module in every process: with PYTHONDONTWRITEBYTECODE
+    set, as on this project's machines, Python never caches it by itself."""
+    if sys.dont_write_bytecode:
+        compileall.compile_dir(Path(__file__).resolve().parent.parent / "operator", quiet=1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Quiet-machine checks first; the e2e suite last, because its control planes are
+    session-scoped and keep running beside every test after the first e2e test. Otherwise
+    the collection order (the sort is stable)."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker(QUIET_MACHINE):
+            return 0
+        return 2 if item.get_closest_marker("e2e") else 1
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")

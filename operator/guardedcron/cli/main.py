@@ -7,6 +7,7 @@ short: only the module of the chosen sub-command is imported.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,11 @@ from guardedcron.guard import redaction
 
 # How much of an unexpected exception's message the last-resort line shows.
 INTERNAL_REASON_MAX = 300
+
+# The guard's one-shot commands: a process on the critical path of every scheduled run that
+# lives well under a second. Importing psycopg allocates enough objects to set off dozens of
+# cyclic collections that find nothing to free (docs/benchmarks.md, "Guard cold start").
+ONE_SHOT_COMMANDS = frozenset({"acquire", "renew", "release"})
 
 # sub-command -> (module under guardedcron.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -49,8 +55,10 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
-        if command is None or name != command:
+        if command is None:  # --help or no known command: list them all
             sub.add_parser(name, help=help_text)
+            continue
+        if name != command:  # a parser for each other command is start-up time for nothing
             continue
         module = importlib.import_module(f"guardedcron.cli.{module_name}")
         module.add_parser(sub, name, help_text)
@@ -58,12 +66,15 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    as_process = argv is None  # the `guardedcron` command itself, not a call from Python code
     args_list = list(sys.argv[1:] if argv is None else argv)
     # Before anything can fail: from here on every message hides these connection strings.
     redaction.register_arguments(args_list)
     command = next((a for a in args_list if not a.startswith("-")), None)
     if command not in COMMANDS:
         command = None
+    if as_process and command in ONE_SHOT_COMMANDS:
+        gc.disable()  # reference counting still frees everything; only the cycle search stops
     try:
         parser = build_parser(command)
         try:
@@ -75,6 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return result
     except Exception as exc:  # the last resort: one line, no traceback
         return report_internal_error(command or "", args_list, exc)
+    finally:
+        if as_process:
+            # The process ends next, and interpreter shutdown would run one last cycle search
+            # over every object the imports made: tens of milliseconds of CPU per guard run,
+            # for nothing. Frozen objects are left out of it; shutdown still flushes output
+            # and runs atexit handlers as before.
+            gc.freeze()
 
 
 def report_internal_error(command: str, argv: list[str], exc: Exception) -> int:

@@ -1,0 +1,50 @@
+"""The suite's order (tests/conftest.py): checks that time the guard run first, before any
+session-wide server or control plane has started, and the e2e suite last, since its control
+planes run until the session ends. Checked on a small suite collected by a real pytest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.guard import test_cli
+from tests.support import REPO
+
+FILES = {
+    "conftest.py": "from tests.conftest import pytest_collection_modifyitems, pytest_configure  # noqa\n",
+    "pytest.ini": "[pytest]\naddopts = --strict-markers\nmarkers =\n    e2e: a control plane\n",
+    # named so that the collection order is the opposite of the order wanted
+    "test_a_e2e.py": "import pytest\npytestmark = pytest.mark.e2e\ndef test_cluster(): pass\n",
+    "test_b_plain.py": "def test_one(): pass\ndef test_two(): pass\n",
+    "test_c_timed.py": (
+        "import pytest\ndef test_before(): pass\n@pytest.mark.quiet_machine\ndef test_burst(): pass\n"
+    ),
+}
+
+
+def test_timed_checks_run_first_and_the_e2e_suite_last(tmp_path: Path) -> None:
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    collected = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert collected == [
+        "test_c_timed.py::test_burst",
+        "test_b_plain.py::test_one",
+        "test_b_plain.py::test_two",
+        "test_c_timed.py::test_before",
+        "test_a_e2e.py::test_cluster",
+    ], proc.stdout + proc.stderr
+
+
+def test_the_seeds_burst_check_is_a_quiet_machine_check() -> None:
+    check = test_cli.test_twenty_processes_one_winner_everyone_answered_within_five_seconds
+    assert "quiet_machine" in [mark.name for mark in getattr(check, "pytestmark", [])]
