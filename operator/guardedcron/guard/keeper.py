@@ -55,6 +55,7 @@ RETRY_SECONDS = 1.0
 EXIT_RESERVE_SECONDS = 0.5
 # Recording a loss in the run history is best effort: the marker is already written.
 MARK_LOST_SECONDS = 2.0
+RECORD_SHARE_OF_MARGIN = 0.25
 
 
 @dataclass(frozen=True)
@@ -293,11 +294,12 @@ class Keeper:
 
     def _record_until(self, deadline: float | None) -> float:
         """Until when recording the loss may delay the exit. While the lease may still be
-        ours (up to `deadline + margin`), the exit comes first, before anyone else can
-        hold the lease; once that instant is past, a short fixed bound."""
+        ours (up to `deadline + margin`), the exit must come before anyone else can hold
+        it: recording gets the first quarter of the margin, the rest is left for exiting
+        and scheduling delays. Once the lease's end is past, a short fixed bound."""
         now = time.monotonic()
         bounded = now + MARK_LOST_SECONDS
         if deadline is None:
             return bounded
-        lease_end = deadline + self.margin - EXIT_RESERVE_SECONDS
-        return min(bounded, lease_end) if lease_end > now else bounded
+        record_by = deadline + self.margin * RECORD_SHARE_OF_MARGIN
+        return min(bounded, record_by) if record_by > now else bounded
