@@ -311,7 +311,10 @@ BAD_INPUT = [
         ["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--slot", "12.5"],
         "must be an integer",
     ),
-    (["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--slot", "-4"], "--slot must be from 0 to"),
+    (
+        ["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--slot", "-4"],
+        "--slot must be from 0 to",
+    ),
     (
         ["acquire", "--lock", "j", "--holder", "a", "--lease-seconds", "5", "--job-name", "x-1"],
         "needs --cronjob",

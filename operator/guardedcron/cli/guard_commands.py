@@ -51,7 +51,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
             "--job-name", help="derive the slot from a CronJob-made Job name <cronjob>-<minutes>"
         )
         parser.add_argument("--cronjob", help="with --job-name: the CronJob's name")
-        parser.add_argument("--out", type=Path, help="folder for the fence and lease.json files")
+        parser.add_argument("--out", type=folder, help="folder for the fence and lease.json files")
         parser.add_argument("--retain-days", default="90", help="run history kept, days")
         parser.add_argument("--retain-runs", default="10000", help="run history kept, rows per lock")
         parser.set_defaults(run=run_acquire)
@@ -75,7 +75,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
             "--fence-file", type=Path, help="read the token from this file (as written by acquire --out)"
         )
         parser.add_argument("--lease-seconds", required=True, help="lease length; renewed every third of it")
-        parser.add_argument("--out", type=Path, help="folder for the `lost` marker")
+        parser.add_argument("--out", type=folder, help="folder for the `lost` marker")
         parser.add_argument(
             "--on-lost",
             choices=["exit", "wait"],
@@ -84,6 +84,13 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         )
         parser.set_defaults(run=run_keep)
     add_connection_options(parser)
+
+
+def folder(text: str) -> Path:
+    """An --out argument; an empty one (an unset variable) would mean the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a folder, got ''")
+    return Path(text)
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -172,6 +179,8 @@ def checked_dsn(args: argparse.Namespace) -> str:
 def check_out_dir(option: str, path: Path) -> None:
     """Refuse an --out folder that cannot be written before the lease is taken, not after."""
     try:
+        if "\x00" in str(path):
+            raise ValueError("NUL in the path")  # Path.exists() would answer False, not fail
         probe = path
         while not probe.exists():
             probe = probe.parent

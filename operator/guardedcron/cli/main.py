@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_process = argv is None  # the `guardedcron` command itself, not a call from Python code
     args_list = list(sys.argv[1:] if argv is None else argv)
     # Before anything can fail: from here on every message hides these connection strings.
-    redaction.register_arguments(args_list)
+    redaction.hide_for_this_run(args_list)
     command = next((a for a in args_list if not a.startswith("-")), None)
     if command not in COMMANDS:
         command = None
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = parser.parse_args(args_list)
         except SystemExit as exc:  # --help (0), or bad usage (Parser.error: 64)
             return EXIT_USAGE if exc.code not in (0, None) else 0
-        redaction.register([getattr(args, "dsn", None)])
+        redaction.hide([getattr(args, "dsn", None)])  # whatever it looks like
         result: int = args.run(args)
         return result
     except Exception as exc:  # the last resort: one line, no traceback
@@ -96,12 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report_internal_error(command: str, argv: list[str], exc: Exception) -> int:
-    """A bug, not an input or database problem (those have their own codes): say what broke in
-    one line without credentials, and leave the operator a termination message."""
+    """Neither bad input nor the database (those have their own codes), so a bug or a broken
+    environment: say what broke in one line without credentials, and leave the operator a
+    termination message."""
     detail = " ".join(str(exc).split())[:INTERNAL_REASON_MAX]
-    reason = redaction.redact(f"internal error ({type(exc).__name__}): {detail}")
+    reason = redaction.redact(f"unexpected error ({type(exc).__name__}): {detail}")
     prefix = f"guardedcron {command}" if command else "guardedcron"
-    sys.stderr.write(f"{prefix}: {reason}; please report this\n")
+    sys.stderr.write(f"{prefix}: {reason}\n")
     sys.stderr.flush()
     if command == "acquire":
         from guardedcron.guard.outputs import write_termination_message

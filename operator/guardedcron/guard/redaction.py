@@ -67,16 +67,18 @@ def passwords_in(dsn: str) -> list[str]:
     return found
 
 
-def register(values: Iterable[str | None]) -> None:
-    """Remember connection strings seen in the arguments: they and their passwords are
-    hidden in every message from now on."""
+def hide_for_this_run(argv: Iterable[str]) -> None:
+    """Start a command: the connection strings among its arguments (and their passwords)
+    are hidden in every message from now on, and nothing of an earlier run in this process."""
+    _registered.clear()
+    hide(arg for arg in argv if looks_like_dsn(arg))
+
+
+def hide(values: Iterable[str | None]) -> None:
+    """Hide these values (connection strings, and the passwords in them) from now on."""
     for value in values:
         if value:
             _registered.update(_secrets_of(value))
-
-
-def register_arguments(argv: Iterable[str]) -> None:
-    register(arg for arg in argv if looks_like_dsn(arg))
 
 
 def _secrets_of(dsn: str) -> set[str]:
