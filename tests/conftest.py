@@ -6,6 +6,7 @@ import compileall
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -85,10 +86,13 @@ class Proxied(NamedTuple):
     proxy: Proxy
     dsn: str  # the test's database, reached through the proxy
 
+    def __repr__(self) -> str:  # the DSN carries the password: keep it out of test reports
+        return f"Proxied(proxy={self.proxy.name!r}, dsn=<through 127.0.0.1:{self.proxy.listen_port}>)"
 
-@pytest.fixture
-def proxied(dsn: str, toxiproxy: Toxiproxy) -> Iterator[Proxied]:
-    """A fresh proxy in front of the test's PostgreSQL; removed (with its toxics) afterwards."""
+
+@contextmanager
+def proxy_in_front(toxiproxy: Toxiproxy, dsn: str) -> Iterator[Proxied]:
+    """A fresh proxy in front of `dsn`'s server; removed (with its toxics) afterwards."""
     params = conninfo_to_dict(dsn)
     proxy = toxiproxy.proxy(f"pg_{uuid.uuid4().hex[:12]}", f"{params['host']}:{params['port']}")
     try:
@@ -96,3 +100,10 @@ def proxied(dsn: str, toxiproxy: Toxiproxy) -> Iterator[Proxied]:
     finally:
         proxy.clear()
         proxy.delete()
+
+
+@pytest.fixture
+def proxied(dsn: str, toxiproxy: Toxiproxy) -> Iterator[Proxied]:
+    """A fresh proxy in front of the test's PostgreSQL; removed (with its toxics) afterwards."""
+    with proxy_in_front(toxiproxy, dsn) as pair:
+        yield pair

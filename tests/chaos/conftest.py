@@ -13,8 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron.devenv.toxiproxy import Toxiproxy
 from tests.chaos.plan import Plan, add_options, plan_from_options
 from tests.chaos.schema import create_database
+from tests.conftest import Proxied, proxy_in_front
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,3 +45,10 @@ def restartable_postgres() -> Iterator[ThrowawayPostgres]:
 def chaos_dsn(postgres: ThrowawayPostgres) -> str:
     """A fresh database with the guardedcron schema and the chaos tables, on the shared server."""
     return create_database(postgres, f"c_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def chaos_proxied(chaos_dsn: str, toxiproxy: Toxiproxy) -> Iterator[Proxied]:
+    """A Toxiproxy in front of the chaos database: (proxy, the DSN through it)."""
+    with proxy_in_front(toxiproxy, chaos_dsn) as pair:
+        yield pair

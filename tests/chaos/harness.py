@@ -10,7 +10,11 @@ Three kinds of lanes run at once, each on its own lock:
   same SQL functions through guardedcron.guard.lease, where process start-up would
   otherwise eat the 2-core budget; their holders stall past the lease in-process;
 - the burst lane: many contenders (processes and connections) for one slot at once;
-  one must work and every process loser must exit within the seeds' 5 s.
+  one must work and every process loser must exit within the seeds' 5 s;
+- network lanes: connection contenders, each talking to PostgreSQL through a Toxiproxy
+  of its own; a holder (between batches or inside a fenced transaction) or a contender
+  mid-acquire is cut off, slowed, reset or throttled for a window, then healed
+  (tests/chaos/network.py).
 
 Two injectors strike across lanes: PostgreSQL restarts (`pg_ctl restart -m fast`) and
 cut connections (`pg_terminate_backend` of a current holder's backend). A restart
@@ -31,6 +35,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +47,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron.devenv.toxiproxy import Proxy, Toxiproxy
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.lease import AcquireRequest
 from tests.chaos.contenders import (
@@ -56,7 +62,8 @@ from tests.chaos.contenders import (
     workload_command,
     workload_env,
 )
-from tests.chaos.plan import Plan
+from tests.chaos.network import NetworkFault, Strike, bounded_dsn, draw_fault
+from tests.chaos.plan import NETWORK_FAULT_KINDS, Plan
 from tests.chaos.schema import enqueue
 from tests.chaos.work import Holding, Job, Refused, is_transient
 from tests.support import REPO
@@ -68,6 +75,10 @@ RETAIN_RUNS = 100_000_000  # keep every attempt: the checks read them all
 SKEWS = ("+45s", "-45s", "+10m", "-10m", "+3h", "-3h", "+1d", "-1d", "+400d", "-400d")
 SKEW_SHARE = 0.3
 ROUND_INTERVAL = 0.1  # seconds between the starts of a connection lane's rounds, at least
+NETWORK_SEATS = 6  # per network lane: a partitioned holder keeps its seat until healed
+# Where a network fault strikes a holder: between batches (its renewal goes first), or
+# inside a fenced transaction (after its read). Contenders are also struck mid-acquire.
+NETWORK_HOLD_PHASES = ("between_batches", "in_transaction")
 
 
 def server_cpu_seconds(server: ThrowawayPostgres) -> float:
@@ -101,8 +112,17 @@ class BurstResult:
 
 
 class Chaos:
-    def __init__(self, server: ThrowawayPostgres, dsn: str, plan: Plan, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        server: ThrowawayPostgres,
+        dsn: str,
+        plan: Plan,
+        log: Callable[[str], None],
+        toxiproxy: Toxiproxy,
+    ) -> None:
         self.server = server
+        self.toxiproxy = toxiproxy
+        self.proxies: list[Proxy] = []
         self.dsn = dsn
         self.plan = plan
         self.log = log
@@ -126,6 +146,7 @@ class Chaos:
         self.seconds = 0.0
         self.server_cpu = 0.0  # of servers already restarted
         self.cpu: dict[str, float] = {}
+        self.lane_seconds: dict[str, float] = {}  # when each network lane met its quotas
 
     # --- bookkeeping ----------------------------------------------------------------------
     def count(self, kind: str, n: int = 1) -> None:
@@ -258,8 +279,8 @@ class Chaos:
         lock = f"conn-{lane}"
         self.locks.add(lock)
         seats: queue.Queue[Link] = queue.Queue()
-        for seat in range(6):
-            seats.put(Link(self.dsn, f"seat-{lane}.{seat}"))
+        for number in range(6):
+            seats.put(Link(self.dsn, f"seat-{lane}.{number}"))
         quota = plan.share(plan.faults_per_kind, plan.connection_lanes)
         rounds_quota = plan.share(plan.connection_rounds, plan.connection_lanes)
         stalls = 0
@@ -375,11 +396,16 @@ class Chaos:
         lease: float,
         rng: random.Random,
         before_batch: Callable[[int], None] | None = None,
+        after_read: Callable[[int], None] | None = None,
     ) -> None:
-        """Do the job on the seat's connection, named after the holder so the cutter can find it."""
+        """Do the job on the seat's connection, named after the holder so the cutter can find it.
+
+        Reconnections go the seat's way (through its proxy, for a network seat)."""
         holding = Holding(attempt.lock, attempt.holder, fence, lease)
         seat.run(partial(name_connection, f"chaos:{attempt.holder}"))
-        job = Job(self.dsn, holding, rng=rng, before_batch=before_batch, conn=seat.get())
+        job = Job(
+            seat.dsn, holding, rng=rng, before_batch=before_batch, after_read=after_read, conn=seat.get()
+        )
         try:
             job.run()
             attempt.exit_code = 0
@@ -389,7 +415,140 @@ class Chaos:
         finally:
             seat.adopt(job.detach())
             seat.run(partial(name_connection, f"chaos:{seat.name}"))
-        seat.run(lambda c: lease_ops.release(c, attempt.lock, attempt.holder, fence, "succeeded"), give_up_after=20)
+        seat.run(
+            lambda c: lease_ops.release(c, attempt.lock, attempt.holder, fence, "succeeded"), give_up_after=20
+        )
+
+    # --- network lanes -------------------------------------------------------------------------
+    def network_seat(self, lane: int, seat: int) -> tuple[Link, Proxy]:
+        name = f"chaos-{uuid.uuid4().hex[:8]}-{lane}.{seat}"
+        proxy = self.toxiproxy.proxy(name, f"127.0.0.1:{self.server.port}")
+        with self._book:
+            self.proxies.append(proxy)
+        return Link(bounded_dsn(proxy, self.dsn), f"net-seat-{lane}.{seat}"), proxy
+
+    def network_lane(self, lane: int) -> None:
+        plan = self.plan
+        rng = random.Random(f"{plan.seed}:network:{lane}")
+        lock = f"net-{lane}"
+        self.locks.add(lock)
+        seats: queue.Queue[tuple[Link, Proxy]] = queue.Queue()
+        for number in range(NETWORK_SEATS):
+            seats.put(self.network_seat(lane, number))
+        quota = plan.share(plan.faults_per_kind, plan.network_lanes)
+        hits: Counter[str] = Counter()
+        round_no = 0
+        next_round = 0.0
+        with ThreadPoolExecutor(NETWORK_SEATS, thread_name_prefix=f"net{lane}") as pool:
+            while not self._abort.is_set():
+                wanted = [kind for kind in NETWORK_FAULT_KINDS if hits[kind] < quota]
+                if not wanted:
+                    break
+                time.sleep(max(0.0, next_round - time.monotonic()))
+                next_round = time.monotonic() + ROUND_INTERVAL
+                round_no += 1
+                # Fewer items than the other lanes: a round here is about the fault, not the work.
+                self.admin.run(lambda c: enqueue(c, lock, rng.randint(1, 4)))
+                with self._gate:  # stand still while a burst's losers answer
+                    pass
+                size = rng.randint(2, 3)
+                taken = [seats.get() for _ in range(size)]
+                # Two faults a round: one contender is struck just before its acquire, and
+                # whoever else wins is struck while holding (between batches or mid-transaction).
+                on_acquire = draw_fault(rng.choice(wanted), rng, plan.connection_lease_seconds)
+                on_hold = draw_fault(rng.choice(wanted), rng, plan.connection_lease_seconds)
+                hold_phase = rng.choice(NETWORK_HOLD_PHASES)
+                victim = rng.randrange(size)
+                strike_at = rng.randint(0, 1)  # a struck holder that resumes may leave no more
+                barrier = threading.Barrier(size)
+                out = [threading.Event() for _ in taken]
+                struck: list[str] = []
+                for i, (link, proxy) in enumerate(taken):
+                    attempt = Attempt(f"n{lane}.{round_no}.{i}", "connection", lock, round_no)
+                    pool.submit(
+                        self.network_contender,
+                        link,
+                        attempt,
+                        barrier,
+                        out[i],
+                        Strike(proxy, on_acquire if i == victim else on_hold),
+                        "acquire" if i == victim else hold_phase,
+                        strike_at,
+                        struck,
+                        rng.random(),
+                        partial(seats.put, (link, proxy)),
+                    )
+                for event in out:
+                    event.wait()
+                hits.update(struck)
+                with self._book:
+                    self.rounds["network"] += 1
+        self.lane_seconds[f"network-{lane}"] = round(time.monotonic() - self.started, 1)
+
+    def network_contender(
+        self,
+        seat: Link,
+        attempt: Attempt,
+        barrier: threading.Barrier,
+        out: threading.Event,
+        strike: Strike,
+        phase: str,
+        strike_at: int,
+        struck: list[str],
+        seed: float,
+        give_back: Callable[[], None],
+    ) -> None:
+        lease = self.plan.connection_lease_seconds
+        rng = random.Random(seed)
+
+        def hit() -> None:
+            """Apply the fault from this thread, right before it talks through the proxy."""
+            fault: NetworkFault = strike.fault
+            strike.apply()
+            attempt.faults.append(f"{fault.kind}@{phase}")
+            self.count(fault.kind)
+            struck.append(fault.kind)
+            out.set()  # the round goes on without this contender, as with a stalled holder
+
+        def at(wanted_phase: str) -> Callable[[int], None]:
+            def maybe_hit(batch: int) -> None:
+                if phase == wanted_phase and batch == strike_at and not strike.applied:
+                    hit()
+
+            return maybe_hit
+
+        try:
+            try:
+                conn: Connection | None = seat.probe()  # a restart leaves dead connections behind
+            except psycopg.Error:
+                conn = None  # the server is restarting: this contender gets no answer
+            barrier.wait(timeout=60)
+            if conn is None:
+                attempt.reason = "no connection"
+                return
+            if phase == "acquire":
+                hit()
+            result = self.acquire_on(conn, attempt, lease)
+            if result is not None and result.acquired:
+                self.work_and_release(
+                    seat,
+                    attempt,
+                    result.fence,
+                    lease,
+                    rng,
+                    before_batch=at("between_batches"),
+                    after_read=at("in_transaction"),
+                )
+        except Exception as exc:
+            self.problem(f"network contender {attempt.holder} failed: {exc!r}")
+        finally:
+            strike.wait_healed()  # a seat goes back to the pool clean
+            if strike.heal_error is not None:
+                self.problem(f"healing {strike.fault.describe()} failed: {strike.heal_error!r}")
+                self._abort.set()
+            self.record(attempt)
+            out.set()
+            give_back()
 
     # --- bursts ------------------------------------------------------------------------------
     def burst_lane(self) -> None:
@@ -558,6 +717,10 @@ class Chaos:
             threading.Thread(target=self.guarded(partial(self.connection_lane, n)), name=f"connection-{n}")
             for n in range(plan.connection_lanes)
         ]
+        workers += [
+            threading.Thread(target=self.guarded(partial(self.network_lane, n)), name=f"network-{n}")
+            for n in range(plan.network_lanes)
+        ]
         workers.append(threading.Thread(target=self.guarded(self.burst_lane), name="bursts"))
         watchdog = threading.Thread(target=self.watch_time, daemon=True)
         for w in workers:
@@ -566,6 +729,7 @@ class Chaos:
         for w in workers:
             w.join()
         self.settle()
+        self.remove_proxies()
         self.final_clean_runs()
         self.seconds = time.monotonic() - self.started
         me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -574,6 +738,10 @@ class Chaos:
             "contender_processes": round(children.ru_utime + children.ru_stime, 1),
             "postgres": round(self.server_cpu + server_cpu_seconds(self.server), 1),
         }
+
+    def remove_proxies(self) -> None:
+        for proxy in self.proxies:
+            proxy.delete()
 
     def remove_traces(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)

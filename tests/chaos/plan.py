@@ -17,7 +17,17 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-FAULT_KINDS = ("kill9", "sigstop", "pg_restart", "conn_cut", "clock_skew", "burst")
+# Faults a real Toxiproxy makes between a network contender and PostgreSQL (tests/chaos/network.py).
+NETWORK_FAULT_KINDS = (
+    "net_blackhole",
+    "net_blackhole_up",
+    "net_blackhole_down",
+    "net_latency",
+    "net_reset",
+    "net_slicer",
+    "net_bandwidth",
+)
+FAULT_KINDS = ("kill9", "sigstop", "pg_restart", "conn_cut", "clock_skew", "burst", *NETWORK_FAULT_KINDS)
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class Plan:
     faults_per_kind: int  # at least this many of each kind in FAULT_KINDS, plus stalls
     process_lanes: int = 3
     connection_lanes: int = 2
+    network_lanes: int = 3  # connection contenders, each behind a Toxiproxy of its own
     process_lease_seconds: float = 2.0
     connection_lease_seconds: float = 1.0
     burst_processes: int = 3

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from typing import Any
 
+from tests.chaos.contenders import Attempt
 from tests.chaos.harness import Chaos
 from tests.chaos.invariants import Findings
 from tests.chaos.plan import FAULT_KINDS
@@ -24,6 +26,7 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
             "process": chaos.rounds["process"],
             "connection": chaos.rounds["connection"],
             "burst": chaos.rounds["burst"],
+            "network": chaos.rounds["network"],
             "total": sum(chaos.rounds.values()),
         },
         "attempts": {
@@ -34,6 +37,8 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
             "refused_and_stopped": sum(a.exit_code == 76 for a in attempts),
         },
         "faults": {kind: chaos.faults[kind] for kind in (*FAULT_KINDS, "stall")},
+        "network_faults": network_figures(chaos.attempts),
+        "network_lanes_done_after_seconds": chaos.lane_seconds,
         "duplicates": found.figures.get("duplicates"),
         "stale_writes_refused": found.figures.get("stale_writes_refused"),
         "max_loser_exit_seconds": {
@@ -42,6 +47,19 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
         },
         "burst_contenders": chaos.plan.burst_processes + chaos.plan.burst_connections,
         **{k: v for k, v in found.figures.items() if k not in ("duplicates", "stale_writes_refused")},
+    }
+
+
+def network_figures(attempts: list[Attempt]) -> dict[str, Any]:
+    """Where the network faults struck, and what became of their victims."""
+    struck = [(a, f) for a in attempts for f in a.faults if f.startswith("net_")]
+    phases = Counter(f.split("@", 1)[1] for _, f in struck)
+    holders = [a for a, f in struck if not f.endswith("@acquire")]
+    return {
+        "by_phase": dict(sorted(phases.items())),
+        "holders_struck": len(holders),
+        "holders_refused_after_heal": sum(a.exit_code == 76 for a in holders),
+        "acquires_struck_unanswered": sum(not a.answered for a, f in struck if f.endswith("@acquire")),
     }
 
 

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron.devenv.toxiproxy import Toxiproxy
 from tests.chaos.harness import Chaos
 from tests.chaos.invariants import check_all
 from tests.chaos.plan import Plan
@@ -20,7 +21,10 @@ pytestmark = pytest.mark.chaos
 
 
 def test_no_double_work_under_faults(
-    restartable_postgres: ThrowawayPostgres, chaos_plan: Plan, capsys: pytest.CaptureFixture[str]
+    restartable_postgres: ThrowawayPostgres,
+    toxiproxy: Toxiproxy,
+    chaos_plan: Plan,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     def say(line: str) -> None:
         with capsys.disabled():
@@ -28,7 +32,7 @@ def test_no_double_work_under_faults(
 
     say(f"\nchaos: seed {chaos_plan.seed} (replay with: pytest tests/chaos --chaos-seed {chaos_plan.seed})")
     dsn = create_database(restartable_postgres, "chaos")
-    chaos = Chaos(restartable_postgres, dsn, chaos_plan, say)
+    chaos = Chaos(restartable_postgres, dsn, chaos_plan, say, toxiproxy)
     chaos.run()
     chaos.store_attempts()
     with psycopg.connect(dsn, autocommit=True) as conn:
