@@ -13,12 +13,11 @@ import kmock
 import kopf
 import pytest
 
-from guardedcron.handlers.context import PassMemory
+from guardedcron.handlers.context import OperatorContext, PassMemory
 from guardedcron.handlers.observe import Observed, trimmed
 from guardedcron.handlers.reconcile import PassResult, reconcile
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient, NotFound
-from guardedcron.observability.metrics import create_metrics
-from guardedcron.spec import OperatorSettings, settings_from_env
+from guardedcron.spec import OperatorSettings, Settings, settings_from_env
 from tests.operator.emulator import GuardedEmulator
 
 SETTINGS: OperatorSettings = settings_from_env({})
@@ -80,6 +79,7 @@ async def one_pass(client: KubeClient, namespace: str, name: str, *, now: dateti
                    memory: PassMemory | None = None,
                    settings: OperatorSettings = SETTINGS) -> PassResult:
     """A pass as the operator runs it; a new PassMemory is an operator just started."""
-    return await reconcile(await observe_api(client, namespace, name), client=client,
-                           settings=settings, memory=memory or PassMemory(), metrics=create_metrics(),
-                           now=now, logger=logging.getLogger("tests.operator"))
+    context = OperatorContext(client=client, settings=Settings(build=settings),
+                              memory=memory or PassMemory())
+    return await reconcile(await observe_api(client, namespace, name), context, now,
+                           logging.getLogger("tests.operator"))

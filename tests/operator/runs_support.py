@@ -9,11 +9,11 @@ from datetime import datetime
 from typing import Any
 
 from guardedcron import contract
-from guardedcron.handlers.context import PassMemory
+from guardedcron.handlers.context import OperatorContext, PassMemory
 from guardedcron.handlers.observe import Observed, trimmed
 from guardedcron.handlers.reconcile import PassResult, reconcile
 from guardedcron.kube import JOBS, PODS, KubeClient
-from guardedcron.observability.metrics import create_metrics
+from guardedcron.spec import Settings
 from tests.operator.conftest import SETTINGS, observe_api
 
 OWNED_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY_VALUE}"
@@ -40,10 +40,10 @@ async def observe_everything(client: KubeClient, namespace: str, name: str) -> O
 async def full_pass(client: KubeClient, namespace: str, name: str, *, now: datetime,
                     memory: PassMemory, stop_workload: bool = False,
                     outcome_recording: bool = False) -> PassResult:
-    return await reconcile(await observe_everything(client, namespace, name), client=client,
-                           settings=SETTINGS, memory=memory, metrics=create_metrics(), now=now,
-                           logger=logging.getLogger("tests.operator"), stop_workload=stop_workload,
-                           outcome_recording=outcome_recording)
+    settings = Settings(build=SETTINGS, stop_workload=stop_workload, outcome_recording=outcome_recording)
+    context = OperatorContext(client=client, settings=settings, memory=memory)
+    return await reconcile(await observe_everything(client, namespace, name), context, now,
+                           logging.getLogger("tests.operator"))
 
 
 def _without_server_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`guardedcron operator`'s run options: environment (as the chart sets it), flags, errors."""
+"""`guardedcron operator`'s settings: environment (as the chart sets it), flags, errors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from guardedcron.cli.operator import RunOptions, add_parser, options_from, priority_from_ip
-from guardedcron.spec import SettingsError
+from guardedcron.cli.operator import add_parser, settings_from
+from guardedcron.spec import Settings, SettingsError, settings_from_env
+from guardedcron.spec.settings import priority_from_ip
 from tests.support import run_cli
 
 
@@ -17,32 +18,35 @@ def flags(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["operator", *argv])
 
 
+BUILD = settings_from_env({})  # what goes into CronJobs: the defaults throughout
+
+
 def test_defaults_are_cluster_wide_standalone_with_metrics() -> None:
-    assert options_from({}) == RunOptions(namespaces=(), peering=None, priority=0, metrics_port=9090,
-                                          log_level="info", liveness=None)
+    assert settings_from({}) == Settings(build=BUILD, namespaces=(), peering=None, priority=0,
+                                         metrics_port=9090, log_level="info", liveness=None)
 
 
 def test_the_charts_environment_with_peering() -> None:
     env = {"GUARDEDCRON_NAMESPACES": "billing, shop,billing", "GUARDEDCRON_PEERING": "guardedcron",
            "GUARDEDCRON_PRIORITY": "pod-ip", "GUARDEDCRON_POD_IP": "10.1.2.3",
            "GUARDEDCRON_METRICS_PORT": "9090", "GUARDEDCRON_LOG_LEVEL": "WARNING"}
-    options = options_from(env, flags("--liveness=http://0.0.0.0:8080/healthz"))
-    assert options == RunOptions(namespaces=("billing", "shop"), peering="guardedcron",
-                                 priority=(10 << 24) + (1 << 16) + (2 << 8) + 3, metrics_port=9090,
-                                 log_level="warning", liveness="http://0.0.0.0:8080/healthz")
+    options = settings_from(env, flags("--liveness=http://0.0.0.0:8080/healthz"))
+    assert options == Settings(build=BUILD, namespaces=("billing", "shop"), peering="guardedcron",
+                               priority=(10 << 24) + (1 << 16) + (2 << 8) + 3, metrics_port=9090,
+                               log_level="warning", liveness="http://0.0.0.0:8080/healthz")
 
 
 def test_an_empty_peering_name_is_standalone() -> None:
-    assert options_from({"GUARDEDCRON_PEERING": ""}).peering is None
+    assert settings_from({"GUARDEDCRON_PEERING": ""}).peering is None
 
 
 def test_flags_win_over_the_environment() -> None:
     env = {"GUARDEDCRON_NAMESPACES": "a", "GUARDEDCRON_PEERING": "p", "GUARDEDCRON_PRIORITY": "5",
            "GUARDEDCRON_METRICS_PORT": "9090", "GUARDEDCRON_LOG_LEVEL": "info"}
-    options = options_from(env, flags("-n", "b", "-n", "c", "--standalone", "--priority", "7",
-                                      "--metrics-port", "0", "--log-level", "debug"))
-    assert options == RunOptions(namespaces=("b", "c"), peering=None, priority=7, metrics_port=0,
-                                 log_level="debug", liveness=None)
+    options = settings_from(env, flags("-n", "b", "-n", "c", "--standalone", "--priority", "7",
+                                       "--metrics-port", "0", "--log-level", "debug"))
+    assert options == Settings(build=BUILD, namespaces=("b", "c"), peering=None, priority=7,
+                               metrics_port=0, log_level="debug", liveness=None)
 
 
 @pytest.mark.parametrize(("address", "priority"), [
@@ -57,14 +61,14 @@ def test_every_bad_setting_is_named() -> None:
     env = {"GUARDEDCRON_NAMESPACES": "ok,Not_A_Namespace", "GUARDEDCRON_PRIORITY": "pod-ip",
            "GUARDEDCRON_POD_IP": "", "GUARDEDCRON_METRICS_PORT": "http", "GUARDEDCRON_LOG_LEVEL": "loud"}
     with pytest.raises(SettingsError) as caught:
-        options_from(env)
+        settings_from(env)
     assert [p.field_path for p in caught.value.problems] == [
         "GUARDEDCRON_NAMESPACES", "GUARDEDCRON_POD_IP", "GUARDEDCRON_METRICS_PORT", "GUARDEDCRON_LOG_LEVEL"]
 
 
 def test_a_bad_priority_flag_is_named() -> None:
     with pytest.raises(SettingsError, match="--priority: must be an integer or pod-ip"):
-        options_from({}, flags("--priority", "high"))
+        settings_from({}, flags("--priority", "high"))
 
 
 def test_the_command_exits_64_on_bad_settings_without_starting() -> None:
@@ -78,10 +82,10 @@ def test_the_command_exits_64_on_bad_settings_without_starting() -> None:
 
 
 def test_the_switches_for_stopping_workloads_and_recording_outcomes() -> None:
-    options = options_from({"GUARDEDCRON_STOP_WORKLOAD": "true", "GUARDEDCRON_OUTCOME_RECORDING": "False"})
+    options = settings_from({"GUARDEDCRON_STOP_WORKLOAD": "true", "GUARDEDCRON_OUTCOME_RECORDING": "False"})
     assert (options.stop_workload, options.outcome_recording) == (True, False)
-    assert options_from({"GUARDEDCRON_OUTCOME_RECORDING": " TRUE "}).outcome_recording is True
+    assert settings_from({"GUARDEDCRON_OUTCOME_RECORDING": " TRUE "}).outcome_recording is True
     with pytest.raises(SettingsError) as error:
-        options_from({"GUARDEDCRON_STOP_WORKLOAD": "yes", "GUARDEDCRON_OUTCOME_RECORDING": "1"})
+        settings_from({"GUARDEDCRON_STOP_WORKLOAD": "yes", "GUARDEDCRON_OUTCOME_RECORDING": "1"})
     assert [p.field_path for p in error.value.problems] == ["GUARDEDCRON_STOP_WORKLOAD",
                                                        "GUARDEDCRON_OUTCOME_RECORDING"]

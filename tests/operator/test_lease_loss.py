@@ -16,6 +16,7 @@ from kopf.testing import KopfRunner
 from guardedcron.handlers.context import OperatorContext, PassMemory
 from guardedcron.handlers.registry import build_registry
 from guardedcron.kube import KubeClient
+from guardedcron.spec import Settings
 from tests.operator.conftest import SETTINGS, T0, FakeClock, create_gcj, one_pass
 from tests.operator.emulator import GuardedEmulator
 from tests.operator.runs_support import full_pass, store_run
@@ -141,8 +142,8 @@ async def test_the_running_operator_stops_a_lost_run_from_the_pod_event(
     switch reaches the pass), and the deletion follows within the pass."""
     body = put(put(base_gcj(), "spec.lease.heartbeat", True), "spec.lease.onLost", "StopWorkload")
     await create_gcj(client, body)
-    context = OperatorContext(client=KubeClient(), settings=SETTINGS, clock=FakeClock(),
-                              namespaces=(NS,), stop_workload=True)
+    context = OperatorContext(client=KubeClient(), clock=FakeClock(),
+                              settings=Settings(build=SETTINGS, namespaces=(NS,), stop_workload=True))
     runner = KopfRunner(["run", "--standalone", "--namespace", NS], registry=build_registry(context),
                         timeout=30)
     runner.__enter__()

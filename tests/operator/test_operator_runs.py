@@ -21,10 +21,11 @@ import pytest
 from kopf.testing import KopfRunner
 
 from guardedcron import contract
-from guardedcron.cli.operator import RunOptions, run_operator
+from guardedcron.cli.operator import run_operator
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.registry import build_registry
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient
+from guardedcron.spec import Settings
 from tests.operator.conftest import SETTINGS, FakeClock, create_gcj, server_url
 from tests.operator.emulator import GuardedEmulator
 from tests.unit.gcj_fixtures import base_gcj, put
@@ -76,8 +77,8 @@ async def test_kopf_runner_creates_repairs_and_updates(
         api: GuardedEmulator, client: KubeClient, kubeconfig: Path) -> None:
     await create_gcj(client, put(base_gcj(), "metadata.name", "invoices"))
     await create_gcj(client, put(put(base_gcj(), "metadata.name", "broken"), "spec.schedule", "61 * * * *"))
-    context = OperatorContext(client=KubeClient(), settings=SETTINGS, clock=FakeClock(),
-                              namespaces=(NS,))
+    context = OperatorContext(client=KubeClient(), clock=FakeClock(),
+                              settings=Settings(build=SETTINGS, namespaces=(NS,)))
     runner = KopfRunner(["run", "--standalone", "--namespace", NS], registry=build_registry(context),
                         timeout=30)
     runner.__enter__()
@@ -129,12 +130,12 @@ async def test_guardedcron_operator_restarted_over_up_to_date_objects_writes_not
     # Still invalid after the restart: its warning (an Event, through kopf) is not repeated.
     await create_gcj(client, put(put(base_gcj(), "metadata.name", "broken"), "spec.timeZone", "Mars/Base"))
     metrics_port, health_port = free_port(), free_port()
-    options = RunOptions(namespaces=(), peering=None, priority=0, metrics_port=metrics_port,
-                         log_level="info", liveness=f"http://127.0.0.1:{health_port}/healthz")
+    settings = Settings(build=SETTINGS, namespaces=(), peering=None, priority=0, metrics_port=metrics_port,
+                        log_level="info", liveness=f"http://127.0.0.1:{health_port}/healthz")
 
     async def run_until(check: Callable[[], Any], what: str) -> None:
         stop, started = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(run_operator(options, SETTINGS, stop_flag=stop, ready_flag=started))
+        task = asyncio.create_task(run_operator(settings, stop_flag=stop, ready_flag=started))
         try:
             await eventually(lambda: started.is_set() or task.done(), "the operator started")
             await eventually(check, what)

@@ -11,7 +11,7 @@ import pytest
 from guardedcron import contract
 from guardedcron.builders import build_cronjob
 from guardedcron.spec import ParsedSpec, SpecError, parse_guarded_cronjob
-from guardedcron.status import compute_status
+from guardedcron.status import StatusChange, compute_status
 from tests.unit import status_objects as k
 from tests.unit.gcj_fixtures import DEFAULT_SETTINGS, put
 
@@ -123,6 +123,15 @@ def live_cronjob(gcj: dict[str, Any], last_schedule: datetime | None = None) -> 
 def compute(runs_now: list[Run], previous: dict[str, Any] | None, now: datetime, *,
             gcj: dict[str, Any] | None = None, cronjob: dict[str, Any] | str | None = "live",
             apply_error: str | None = None) -> dict[str, Any]:
+    """The status a pass computes, as stored and read back."""
+    change = compute_change(runs_now, previous, now, gcj=gcj, cronjob=cronjob, apply_error=apply_error)
+    return k.json_roundtrip(change.status)
+
+
+def compute_change(runs_now: list[Run], previous: dict[str, Any] | None, now: datetime, *,
+                   gcj: dict[str, Any] | None = None, cronjob: dict[str, Any] | str | None = "live",
+                   apply_error: str | None = None) -> StatusChange:
+    """The status a pass computes with what follows from it (Events, metrics, ...)."""
     gcj = gcj or the_gcj()
     parsed: ParsedSpec | None
     try:
@@ -130,12 +139,11 @@ def compute(runs_now: list[Run], previous: dict[str, Any] | None, now: datetime,
     except SpecError as exc:
         parsed, problems = None, exc.problems
     live = live_cronjob(gcj) if cronjob == "live" and parsed is not None else None
-    status = compute_status(
+    return compute_status(
         gcj=gcj, parsed=parsed, spec_problems=problems,
         cronjob=live if cronjob == "live" else cronjob,  # type: ignore[arg-type]
         jobs=[job for job, _ in runs_now],
         pods_by_job={job["metadata"]["name"]: pods for job, pods in runs_now},
         previous_status=previous, now=now, apply_error=apply_error,
     )
-    return k.json_roundtrip(status)  # as stored and read back
 

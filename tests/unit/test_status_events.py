@@ -10,9 +10,9 @@ import kubernetes_validate
 import pytest
 
 from guardedcron.observability import build_event, event_name
-from guardedcron.status import EventReason, RunEvent, run_events
+from guardedcron.status import EventReason, RunEvent
 from tests.unit import status_objects as k
-from tests.unit.status_world import Runs, compute, slot, the_gcj
+from tests.unit.status_world import Runs, compute_change, slot, the_gcj
 
 NOW = datetime(2025, 5, 10, 0, 45, 12, 345000, tzinfo=UTC)
 GCJ = the_gcj(created=slot(10) - timedelta(minutes=1))
@@ -22,9 +22,8 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 @pytest.fixture
 def events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[RunEvent]:
     runs = Runs(tmp_path, monkeypatch)
-    status = compute([runs.succeeded(slot(10), 3), runs.guard_error(slot(11))], None,
-                     slot(11) + timedelta(minutes=5), gcj=GCJ)
-    return run_events(None, status)
+    return list(compute_change([runs.succeeded(slot(10), 3), runs.guard_error(slot(11))], None,
+                               slot(11) + timedelta(minutes=5), gcj=GCJ).events)
 
 
 def test_an_event_on_the_guardedcronjob(events: list[RunEvent]) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from guardedcron.status.lease_loss import StopOrder, workloads_to_stop
 from tests.unit import status_objects as k
-from tests.unit.status_world import Runs, compute, slot
+from tests.unit.status_world import Runs, compute, compute_change, slot
 
 
 @pytest.fixture
@@ -21,8 +21,9 @@ def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Runs:
 
 def test_the_running_pod_of_an_open_lost_run_is_to_stop(runs: Runs) -> None:
     job, pods = runs.lost(slot(10), 4, finished=False)
-    status = compute([(job, pods)], None, slot(10) + timedelta(minutes=12))
-    (order,) = workloads_to_stop(status, {job["metadata"]["name"]: pods})
+    change = compute_change([(job, pods)], None, slot(10) + timedelta(minutes=12))
+    status = change.status
+    (order,) = workloads_to_stop(change.runs.values(), {job["metadata"]["name"]: pods})
     assert order == StopOrder(job=job["metadata"]["name"], pod=k.pod_name(job),
                               pod_uid=pods[0]["metadata"]["uid"], reason=status["lastRun"]["reason"])
     assert "lease taken over by eu-2/billing/y with fence 5" in order.reason
@@ -37,12 +38,13 @@ def test_terminating_ended_or_other_runs_have_nothing_to_stop(runs: Runs) -> Non
     done_job, done_pods = runs.lost(slot(11), 5, finished=True)
     running_job, running_pods = runs.running(slot(16), 6)
     world = [(lost_job, lost_pods), (done_job, done_pods), (running_job, running_pods)]
-    status = compute(world, None, now)
+    change = compute_change(world, None, now)
+    status, known = change.status, change.runs.values()
     assert {r["job"]: r["outcome"] for r in status["recentRuns"]}[done_job["metadata"]["name"]] == "Lost"
     others = {done_job["metadata"]["name"]: done_pods, running_job["metadata"]["name"]: running_pods}
-    assert workloads_to_stop(status, others) == []
+    assert workloads_to_stop(known, others) == []
     for pod in (terminating, ended):
-        assert workloads_to_stop(status, {lost_job["metadata"]["name"]: [pod]}) == []
+        assert workloads_to_stop(known, {lost_job["metadata"]["name"]: [pod]}) == []
 
 
 def test_a_lost_run_stays_lost_when_its_pod_is_gone_and_ends_with_the_job(runs: Runs) -> None:

@@ -16,13 +16,12 @@ from guardedcron.observability import (
     create_metrics,
     forget,
     reconcile_timer,
-    record_status_change,
+    record_changes,
     start_metrics_server,
 )
-from guardedcron.spec import parse_guarded_cronjob
-from guardedcron.status import EventReason, schedule_period_seconds
+from guardedcron.status import EventReason
 from tests.unit import status_objects as k
-from tests.unit.status_world import Run, Runs, compute, slot, the_gcj
+from tests.unit.status_world import Run, Runs, compute_change, slot, the_gcj
 
 GCJ = the_gcj(created=slot(10) - timedelta(minutes=1))
 LABELS = {"namespace": "billing", "name": k.CRONJOB}
@@ -64,16 +63,14 @@ class Operator:
         self.metrics = metrics
         self.status: dict[str, Any] | None = None
         self.now = slot(10)
-        self.parsed = parse_guarded_cronjob(GCJ)
 
     def step(self, world: list[Run], minutes: float = 1) -> list[EventReason]:
         self.now += timedelta(minutes=minutes)
         with reconcile_timer(self.metrics, **LABELS):
-            new = compute(world, self.status, self.now, gcj=GCJ)
-        events = record_status_change(self.metrics, **LABELS, old_status=self.status, new_status=new,
-                                      schedule_period_seconds=schedule_period_seconds(self.parsed, self.now))
-        self.status = new
-        return [e.reason for e in events]
+            change = compute_change(world, self.status, self.now, gcj=GCJ)
+        record_changes(self.metrics, **LABELS, changes=change.metrics)
+        self.status = k.json_roundtrip(change.status)  # as stored and read back
+        return [e.reason for e in change.events]
 
 
 async def test_metrics_follow_transitions_and_ignore_resyncs(served: tuple[Metrics, str], runs: Runs) -> None:

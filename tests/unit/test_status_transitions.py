@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from guardedcron.status import EventReason, finished_runs, run_events
+from guardedcron.status import EventReason, StatusChange
 from tests.unit import status_objects as k
-from tests.unit.status_world import Run, Runs, compute, slot, the_gcj
+from tests.unit.status_world import Run, Runs, compute_change, slot, the_gcj
 
 # Created just before the first slot the tests use, so no earlier slot is missed.
 GCJ = the_gcj(created=slot(10) - timedelta(minutes=1))
@@ -26,14 +26,14 @@ class Passes:
 
     def __init__(self) -> None:
         self.status: dict[str, Any] | None = None
+        self.change: StatusChange | None = None
         self.now = slot(10)
 
     def step(self, world: list[Run], minutes: float = 1) -> list[tuple[EventReason, str]]:
         self.now += timedelta(minutes=minutes)
-        new = compute(world, self.status, self.now, gcj=GCJ)
-        events = run_events(self.status, new)
-        self.status = new
-        return [(e.reason, e.subject) for e in events]
+        self.change = compute_change(world, self.status, self.now, gcj=GCJ)
+        self.status = k.json_roundtrip(self.change.status)  # as stored and read back
+        return [(e.reason, e.subject) for e in self.change.events]
 
 
 def job_name(day: int) -> str:
@@ -52,8 +52,8 @@ def test_a_run_from_start_to_end_to_deletion(runs: Runs) -> None:
 
 def test_a_run_first_seen_finished_gets_only_its_outcome(runs: Runs) -> None:
     passes = Passes()
-    events = run_events(None, compute([runs.skipped(slot(10), 9)], None, slot(10) + timedelta(minutes=1),
-                                      gcj=GCJ))
+    events = compute_change([runs.skipped(slot(10), 9)], None, slot(10) + timedelta(minutes=1),
+                            gcj=GCJ).events
     assert [(e.reason, e.warning) for e in events] == [(EventReason.RUN_SKIPPED, False)]
     assert events[0].message == (f"run {job_name(10)} for slot {k.minute_of(slot(10))} skipped: "
                                  "lease held by eu-2/billing/x (fence 9)")
@@ -71,17 +71,16 @@ def test_each_outcome_has_its_warning(runs: Runs, make: Any, reason: EventReason
     passes.step([runs.running(slot(10), 4)])
     assert passes.step([make(runs)], minutes=70) == [(reason, job_name(10))]
     assert passes.step([make(runs)]) == []
-    assert run_events(None, passes.status)[0].warning
+    assert compute_change([make(runs)], None, passes.now, gcj=GCJ).events[0].warning
 
 
 def test_lease_lost_is_reported_when_seen_not_again_when_the_job_ends(runs: Runs) -> None:
     passes = Passes()
     assert passes.step([runs.running(slot(10), 4)]) == [(EventReason.RUN_STARTED, job_name(10))]
     assert passes.step([runs.lost(slot(10), 4, finished=False)]) == [(EventReason.LEASE_LOST, job_name(10))]
-    old = passes.status
     assert passes.step([runs.lost(slot(10), 4, finished=True)], minutes=20) == []
     # ...but it is counted once, when it ends.
-    assert [r.outcome for r in finished_runs(old, passes.status)] == ["Lost"]
+    assert passes.change is not None and [r.outcome for r in passes.change.finished] == ["Lost"]
     assert passes.status is not None and passes.status["runCounts"]["lost"] == 1
 
 
@@ -111,7 +110,7 @@ def test_overlap_event_once(runs: Runs) -> None:
 
 def test_event_keys_are_stable_and_distinct(runs: Runs) -> None:
     world = [runs.succeeded(slot(10), 3), runs.succeeded(slot(11), 4)]
-    status = compute(world, None, slot(11) + timedelta(hours=1), gcj=GCJ)
-    first, second = run_events(None, status), run_events(None, status)
+    now = slot(11) + timedelta(hours=1)
+    first, second = (compute_change(world, None, now, gcj=GCJ).events for _ in range(2))
     assert [e.key() for e in first] == [e.key() for e in second]
     assert len({e.key() for e in first}) == 2

@@ -1,5 +1,6 @@
-"""What every handler gets: the API client, the builder settings, the clock, the
-metrics, and the operator's short memory of its own passes."""
+"""What every handler gets: the API client, the operator's settings (every variable
+and flag, read once by `guardedcron operator`), the clock, the metrics, and the
+operator's short memory of its own passes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from guardedcron.kube import KubeClient
 from guardedcron.observability.metrics import Metrics, create_metrics
-from guardedcron.spec import OperatorSettings
+from guardedcron.spec import Settings
 
 # Injected so tests decide what "now" is (next fire times, condition transition times).
 Clock = Callable[[], datetime]
@@ -67,13 +68,7 @@ class PassMemory:
 @dataclass(frozen=True)
 class OperatorContext:
     client: KubeClient
-    settings: OperatorSettings
+    settings: Settings
     clock: Clock = system_clock
-    # Exact namespaces watched; empty: the whole cluster.
-    namespaces: tuple[str, ...] = ()
     memory: PassMemory = field(default_factory=PassMemory)
     metrics: Metrics = field(default_factory=create_metrics)
-    # spec.lease.onLost StopWorkload may delete pods (the chart grants `delete` on pods).
-    stop_workload: bool = False
-    # Record finished runs' outcomes in the database (the chart grants `get` on Secrets).
-    outcome_recording: bool = False

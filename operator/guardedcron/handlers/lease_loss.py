@@ -13,32 +13,29 @@ workload's image and user.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from guardedcron.handlers.context import PassMemory
 from guardedcron.kube import PODS, ApiError, ApiUnreachable, KubeClient, NotFound
-from guardedcron.spec import ParsedSpec
+from guardedcron.spec.settings import ENV_STOP_WORKLOAD
 from guardedcron.status import EventReason, RunEvent
-from guardedcron.status.lease_loss import workloads_to_stop
+from guardedcron.status.lease_loss import StopOrder
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
-STOP_WORKLOAD = "StopWorkload"
 NOT_ALLOWED = ("this operator may not delete pods: enable it with the chart value "
-               "stopWorkload.enabled=true (GUARDEDCRON_STOP_WORKLOAD=true), which grants "
+               f"stopWorkload.enabled=true ({ENV_STOP_WORKLOAD}=true), which grants "
                "`delete` on pods")
 
 
-async def stop_lost_workloads(parsed: ParsedSpec | None, status: Mapping[str, Any],
-                              pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]], *,
-                              namespace: str, uid: str, client: KubeClient, memory: PassMemory,
-                              allowed: bool, logger: Logger) -> list[RunEvent]:
-    """Delete the still-running pods of Lost runs when the spec asks for it; the Events
-    to post (one per pod stopped or not stoppable)."""
-    if parsed is None or parsed.spec.lease.on_lost != STOP_WORKLOAD:
-        return []
+async def stop_lost_workloads(orders: Sequence[StopOrder], *, namespace: str, uid: str,
+                              client: KubeClient, memory: PassMemory, allowed: bool,
+                              logger: Logger) -> list[RunEvent]:
+    """Delete the pods status/ says to stop (`StatusChange.stop`: still-running pods of
+    Lost runs, when the spec asks for it); the Events to post (one per pod stopped or
+    not stoppable)."""
     events: list[RunEvent] = []
-    for order in workloads_to_stop(status, pods_by_job):
+    for order in orders:
         action = f"stop\n{order.pod}"
         if not memory.first_time(uid, action):
             continue  # asked already; the pod's next event shows it terminating

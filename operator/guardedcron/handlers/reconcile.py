@@ -2,9 +2,10 @@
 
 One pass for one GuardedCronJob: parse the spec; if valid, build the desired CronJob
 and server-side apply it only when the live one differs in what guardedcron sets;
-compute the whole status once and write it only when it changed. Every pass, from
-any trigger, goes through `reconcile`, so a resync over up-to-date objects writes
-nothing, whatever woke it.
+compute the whole status once and write it only when it changed; then act on what
+compute_status decided follows from it (metrics, outcome recording, pods to stop,
+Events). Every pass, from any trigger, goes through `reconcile`, so a resync over
+up-to-date objects writes nothing, whatever woke it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import kopf
 
 from guardedcron import contract
 from guardedcron.builders import build_cronjob
-from guardedcron.handlers.context import OperatorContext, PassMemory
+from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.lease_loss import stop_lost_workloads
 from guardedcron.handlers.observe import (
     Body,
@@ -50,22 +51,10 @@ from guardedcron.kube import (
 )
 from guardedcron.kube.credentials import discover_credentials
 from guardedcron.observability.events import build_event
-from guardedcron.observability.metrics import (
-    Metrics,
-    reconcile_timer,
-    record_status_change,
-    update_gauges,
-)
 from guardedcron.observability.metrics import forget as forget_metrics
-from guardedcron.spec import OperatorSettings, ParsedSpec, Problem, SpecError, parse_guarded_cronjob
-from guardedcron.status import (
-    RunEvent,
-    compute_status,
-    schedule_period_seconds,
-    status_changed,
-    status_patch,
-)
-from guardedcron.status.outcomes import outcomes_to_record
+from guardedcron.observability.metrics import reconcile_timer, record_changes
+from guardedcron.spec import ParsedSpec, Problem, SpecError, parse_guarded_cronjob
+from guardedcron.status import compute_status
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -86,14 +75,16 @@ class PassResult:
     not_owned: bool = False  # a CronJob of the same name belongs to someone else
 
 
-async def reconcile(observed: Observed, *, client: KubeClient, settings: OperatorSettings,
-                    memory: PassMemory, metrics: Metrics, now: datetime, logger: Logger,
-                    stop_workload: bool = False, outcome_recording: bool = False) -> PassResult:
+async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
+                    logger: Logger) -> PassResult:
     """One pass over one GuardedCronJob: at most one apply, a manual Job if the trigger
     annotation asks for one, at most one status patch, then the Events for the run
     transitions that status records; then, for `onLost: StopWorkload`, the deletion of
-    pods whose lease was lost (`stop_workload`: the operator is allowed to); with
-    `outcome_recording`, the outcomes of runs that just finished go to the database."""
+    pods whose lease was lost (if the settings allow the operator to); with outcome
+    recording on, the outcomes of runs that just finished go to the database.
+
+    `logger` is kopf's, for this object: its warnings become Events on it."""
+    client, memory, settings = context.client, context.memory, context.settings
     gcj = observed.gcj
     namespace, name = gcj_key(gcj)
     uid = str((gcj.get("metadata") or {}).get("uid") or "")
@@ -111,7 +102,7 @@ async def reconcile(observed: Observed, *, client: KubeClient, settings: Operato
     applied = not_owned = False
     apply_error: str | None = None
     if parsed is not None:
-        desired = build_cronjob(parsed, settings)
+        desired = build_cronjob(parsed, settings.build)
         if cronjob is not None and not controlled_by(cronjob, uid):
             not_owned = True
             apply_error = (f"CronJob {name} already exists and is not controlled by this "
@@ -136,37 +127,32 @@ async def reconcile(observed: Observed, *, client: KubeClient, settings: Operato
     previous = memory.written_status(uid) or gcj.get("status") or {}
     trigger = await act_on_trigger(gcj, None if not_owned else cronjob, previous, client=client,
                                    memory=memory, logger=logger)
-    status = compute_status(
+    change = compute_status(
         gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=cronjob, jobs=observed.jobs,
         pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
         apply_error=apply_error, handled_trigger=trigger.handled)
-    period = schedule_period_seconds(parsed, now) if parsed is not None else None
-    changed = status_changed(previous, status)
     if trouble is not None:
         # Once per change, not once per pass: kopf posts warnings as Events, and a
         # resync over an object that is still invalid must write nothing.
-        logger.log(logging.WARNING if changed else logging.DEBUG, trouble)
-    events: list[RunEvent] = list(trigger.events)
-    if changed:
-        await client.patch_status(GUARDED_CRONJOBS, namespace, name, status_patch(previous, status))
-        memory.remember_status(uid, status)
-        events = record_status_change(metrics, namespace=namespace, name=name, old_status=previous,
-                                      new_status=status, schedule_period_seconds=period) + events
-        if outcome_recording:
-            # Once per run: when its record turns final, which happens in one written status.
-            events += await record_outcomes(parsed, outcomes_to_record(previous, status),
-                                            namespace=namespace, client=client, logger=logger)
-    else:
-        update_gauges(metrics, namespace=namespace, name=name, status=status,
-                      schedule_period_seconds=period)
+        logger.log(logging.WARNING if change.changed else logging.DEBUG, trouble)
+    if change.changed:
+        await client.patch_status(GUARDED_CRONJOBS, namespace, name, change.patch())
+        memory.remember_status(uid, change.status)
+    # After the write: a pass whose write failed counts nothing (kopf retries it, and the
+    # retry sees the same transitions). An unchanged status has none, only gauges.
+    record_changes(context.metrics, namespace=namespace, name=name, changes=change.metrics)
+    events = [*change.events, *trigger.events]
+    if settings.outcome_recording:
+        # Once per run: when its record turns final, which happens in one written status.
+        events += await record_outcomes(parsed, change.outcomes, namespace=namespace, client=client,
+                                        logger=logger)
     # After the status write, so a stopped pod's run already shows as Lost; on every
     # pass, not only changed ones, since a pod to stop may outlive the write.
-    events += await stop_lost_workloads(parsed, status, observed.pods_by_job, namespace=namespace,
-                                        uid=uid, client=client, memory=memory,
-                                        allowed=stop_workload, logger=logger)
+    events += await stop_lost_workloads(change.stop, namespace=namespace, uid=uid, client=client,
+                                        memory=memory, allowed=settings.stop_workload, logger=logger)
     for event in events:
         await post_event(client, build_event(gcj, event, now), logger)
-    return PassResult(applied=applied, status_written=changed, apply_error=apply_error,
+    return PassResult(applied=applied, status_written=change.changed, apply_error=apply_error,
                       not_owned=not_owned)
 
 
@@ -189,11 +175,7 @@ async def run_pass(gather: Callable[[], Observed], *, uid: str, context: Operato
         observed = gather()
         namespace, name = gcj_key(observed.gcj)
         with reconcile_timer(context.metrics, namespace=namespace, name=name):
-            return await reconcile(observed, client=context.client, settings=context.settings,
-                                   memory=context.memory, metrics=context.metrics,
-                                   now=context.clock(), logger=logger,
-                                   stop_workload=context.stop_workload,
-                                   outcome_recording=context.outcome_recording)
+            return await reconcile(observed, context, context.clock(), logger)
 
 
 # --- what the decorated handlers call ------------------------------------------------

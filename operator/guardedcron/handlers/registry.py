@@ -41,7 +41,7 @@ def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(id="configure", registry=registry)
     async def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
-        reconcile.configure_kopf(settings, namespaced=bool(context.namespaces))
+        reconcile.configure_kopf(settings, namespaced=bool(context.settings.namespaces))
 
     @kopf.on.cleanup(id="close", registry=registry)
     async def close(**_: Any) -> None:

@@ -1,4 +1,6 @@
-"""Prometheus metrics and Kubernetes Event bodies for run status (no Kubernetes I/O)."""
+"""Prometheus metrics and Kubernetes Event bodies for run status (no Kubernetes I/O).
+
+They count and format what status/ decided (`StatusChange`); they decide nothing."""
 
 from guardedcron.observability.events import build_event, event_name
 from guardedcron.observability.metrics import (
@@ -8,11 +10,8 @@ from guardedcron.observability.metrics import (
     forget,
     observe_reconcile,
     reconcile_timer,
-    record_events,
-    record_runs,
-    record_status_change,
+    record_changes,
     start_metrics_server,
-    update_gauges,
 )
 
 __all__ = [
@@ -24,9 +23,6 @@ __all__ = [
     "forget",
     "observe_reconcile",
     "reconcile_timer",
-    "record_events",
-    "record_runs",
-    "record_status_change",
+    "record_changes",
     "start_metrics_server",
-    "update_gauges",
 ]

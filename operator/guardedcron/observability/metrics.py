@@ -1,29 +1,27 @@
 """Prometheus metrics of the operator, and the endpoint that serves them.
 
 Names and labels are a contract with the chart's PrometheusRule (docs/design.md,
-"Metrics"). Counters move only on transitions between two statuses (the same ones
-that make Events), so an idle resync or an operator restart counts nothing twice;
-gauges are set from the status itself, so they are right again after a restart.
-Metrics live in their own registry, not the process-global one, so tests and
-several operators in one process do not mix.
+"Metrics"). What changes is decided in status/ (`MetricChanges`, part of the
+`StatusChange` compute_status returns): counters move only on transitions between two
+statuses (the same ones that make Events), so an idle resync or an operator restart
+counts nothing twice; gauges are set from the status itself, so they are right again
+after a restart. This module only counts. Metrics live in their own registry, not the
+process-global one, so tests and several operators in one process do not mix.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from guardedcron.status.history import finished_runs
-from guardedcron.status.runs import Outcome, RunRecord
-from guardedcron.status.times import parse_time
-from guardedcron.status.transitions import EventReason, RunEvent, run_events
+from guardedcron.status import MetricChanges, Outcome
 
 # The `outcome` label of runs_total and run_duration_seconds.
 OUTCOME_LABELS: Final[Mapping[Outcome, str]] = {
@@ -86,55 +84,21 @@ def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
     )
 
 
-def record_status_change(
-    metrics: Metrics,
-    *,
-    namespace: str,
-    name: str,
-    old_status: Mapping[str, Any] | None,
-    new_status: Mapping[str, Any],
-    schedule_period_seconds: float | None,
-) -> list[RunEvent]:
-    """Everything a pass changed, into the metrics; returns the Events to post.
-
-    Call it once per pass that wrote `new_status` over `old_status` (the stored one).
-    """
-    events = run_events(old_status, new_status)
-    record_runs(metrics, namespace=namespace, name=name, runs=finished_runs(old_status, new_status))
-    record_events(metrics, namespace=namespace, name=name, events=events)
-    update_gauges(metrics, namespace=namespace, name=name, status=new_status,
-                  schedule_period_seconds=schedule_period_seconds)
-    return events
-
-
-def record_runs(metrics: Metrics, *, namespace: str, name: str, runs: Iterable[RunRecord]) -> None:
-    """Count runs that just finished, and observe their durations."""
-    for run in runs:
-        outcome = OUTCOME_LABELS.get(run.outcome)
-        if outcome is None:
-            continue
+def record_changes(metrics: Metrics, *, namespace: str, name: str, changes: MetricChanges) -> None:
+    """Count what one pass changed, and set the gauges; call it once per pass."""
+    for run in changes.finished:
+        outcome = OUTCOME_LABELS[run.outcome]
         metrics.runs.labels(namespace, name, outcome).inc()
-        if run.started_at is not None and run.finished_at is not None:
-            seconds = (run.finished_at - run.started_at).total_seconds()
-            metrics.run_duration.labels(namespace, name, outcome).observe(max(seconds, 0.0))
-
-
-def record_events(metrics: Metrics, *, namespace: str, name: str, events: Iterable[RunEvent]) -> None:
-    """Count the MissedRun and Overlap transitions among `events`."""
-    for event in events:
-        if event.reason is EventReason.MISSED_RUN:
-            metrics.missed_runs.labels(namespace, name).inc()
-        elif event.reason is EventReason.OVERLAP:
-            metrics.overlaps.labels(namespace, name).inc()
-
-
-def update_gauges(metrics: Metrics, *, namespace: str, name: str, status: Mapping[str, Any],
-                  schedule_period_seconds: float | None) -> None:
-    last_success = parse_time(status.get("lastSuccessfulTime"))
-    if last_success is not None:
-        metrics.last_success.labels(namespace, name).set(last_success.timestamp())
-    if schedule_period_seconds is not None:
-        metrics.schedule_period.labels(namespace, name).set(schedule_period_seconds)
+        if run.seconds is not None:
+            metrics.run_duration.labels(namespace, name, outcome).observe(run.seconds)
+    if changes.missed_runs:
+        metrics.missed_runs.labels(namespace, name).inc(changes.missed_runs)
+    if changes.overlaps:
+        metrics.overlaps.labels(namespace, name).inc(changes.overlaps)
+    if changes.last_success is not None:
+        metrics.last_success.labels(namespace, name).set(changes.last_success.timestamp())
+    if changes.schedule_period_seconds is not None:
+        metrics.schedule_period.labels(namespace, name).set(changes.schedule_period_seconds)
     else:
         _remove(metrics.schedule_period, namespace, name)
 

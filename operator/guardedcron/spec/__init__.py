@@ -11,13 +11,17 @@ from guardedcron.spec.model import (
 )
 from guardedcron.spec.parse import parse_guarded_cronjob
 from guardedcron.spec.settings import (
+    Flags,
     GuardResources,
     OperatorSettings,
+    Settings,
     SettingsError,
+    read_settings,
     settings_from_env,
 )
 
 __all__ = [
+    "Flags",
     "GuardResources",
     "GuardedCronJobSpec",
     "LeaseSpec",
@@ -26,9 +30,11 @@ __all__ = [
     "ParsedSpec",
     "Problem",
     "SecretKeyRef",
+    "Settings",
     "SettingsError",
     "SpecError",
     "apply_schema_defaults",
     "parse_guarded_cronjob",
+    "read_settings",
     "settings_from_env",
 ]

@@ -1,12 +1,21 @@
-"""The operator's own settings: what it puts into every CronJob besides the user's spec.
+"""The operator's settings: every environment variable and flag of `guardedcron operator`.
 
-They live beside the spec because the builders need both and sit above this layer;
-the handlers and `guardedcron render` read them from the environment once, through
-`settings_from_env(os.environ)`, and pass the frozen value down.
+Two parts, read once and passed down frozen:
+- `OperatorSettings`: what the operator puts into every CronJob besides the user's
+  spec (the guard's image, resources, user...), from the environment only. The
+  builders need it, and `guardedcron render` reads just this part
+  (`settings_from_env`), so it lives beside the spec, below the builders.
+- `Settings`: all of it, the above plus how the operator runs (namespaces, peering,
+  metrics, switches), from the environment and the command line, whose flags win.
+  `guardedcron operator` builds it once (`read_settings`) and the handlers' context
+  carries it.
+Every variable's name is here and nowhere else in the operator.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +23,16 @@ from dataclasses import dataclass
 from guardedcron import __version__
 from guardedcron.spec.errors import Problem
 
+# How the operator runs.
+ENV_NAMESPACES = "GUARDEDCRON_NAMESPACES"
+ENV_PEERING = "GUARDEDCRON_PEERING"
+ENV_PRIORITY = "GUARDEDCRON_PRIORITY"
+ENV_POD_IP = "GUARDEDCRON_POD_IP"
+ENV_METRICS_PORT = "GUARDEDCRON_METRICS_PORT"
+ENV_LOG_LEVEL = "GUARDEDCRON_LOG_LEVEL"
+ENV_STOP_WORKLOAD = "GUARDEDCRON_STOP_WORKLOAD"
+ENV_OUTCOME_RECORDING = "GUARDEDCRON_OUTCOME_RECORDING"
+# What goes into every CronJob.
 ENV_GUARD_IMAGE = "GUARDEDCRON_GUARD_IMAGE"
 ENV_GUARD_IMAGE_PULL_POLICY = "GUARDEDCRON_GUARD_IMAGE_PULL_POLICY"
 ENV_CLUSTER_NAME = "GUARDEDCRON_CLUSTER_NAME"
@@ -23,6 +42,15 @@ ENV_GUARD_CPU_LIMIT = "GUARDEDCRON_GUARD_CPU_LIMIT"
 ENV_GUARD_MEMORY_LIMIT = "GUARDEDCRON_GUARD_MEMORY_LIMIT"
 ENV_GUARD_RUN_AS_USER = "GUARDEDCRON_GUARD_RUN_AS_USER"
 ENV_RUN_VOLUME_SIZE_LIMIT = "GUARDEDCRON_RUN_VOLUME_SIZE_LIMIT"
+
+BOOLEANS: Mapping[str, bool] = {"true": True, "false": False, "": False}
+PRIORITY_FROM_POD_IP = "pod-ip"
+DEFAULT_METRICS_PORT = 9090
+DEFAULT_LOG_LEVEL = "info"
+LOG_LEVELS: Mapping[str, int] = {
+    "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+}
+_IPV6_PRIORITY_BITS = 31
 
 # The operator's own image carries the guard CLI, so the default follows the release.
 DEFAULT_GUARD_IMAGE = f"ghcr.io/guardedcron/guardedcron:{__version__}"
@@ -65,6 +93,37 @@ class OperatorSettings:
     guard_resources: GuardResources
     guard_run_as_user: int
     run_volume_size_limit: str
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What `guardedcron operator`'s command line gave, each winning over its variable;
+    None (or empty, or False): not given."""
+
+    namespaces: tuple[str, ...] = ()  # --namespace, repeatable; over $GUARDEDCRON_NAMESPACES
+    peering: str | None = None  # --peering
+    standalone: bool = False  # --standalone: no peering, whatever $GUARDEDCRON_PEERING says
+    priority: str | None = None  # --priority
+    metrics_port: str | None = None  # --metrics-port
+    log_level: str | None = None  # --log-level
+    liveness: str | None = None  # --liveness (no variable)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of `guardedcron operator`; the defaults are an empty environment's."""
+
+    build: OperatorSettings  # what goes into every CronJob
+    namespaces: tuple[str, ...] = ()  # exact names watched; empty: the whole cluster
+    peering: str | None = None  # kopf peering object; None: standalone
+    priority: int = 0  # peering priority
+    metrics_port: int = DEFAULT_METRICS_PORT  # 0: no metrics endpoint
+    log_level: str = DEFAULT_LOG_LEVEL  # a key of LOG_LEVELS
+    liveness: str | None = None  # kopf's health endpoint URL
+    # Allowed to delete pods for spec.lease.onLost: StopWorkload (the chart grants it).
+    stop_workload: bool = False
+    # Reads DSN Secrets to record finished runs in the database (the chart grants it).
+    outcome_recording: bool = False
 
 
 class SettingsError(ValueError):
@@ -126,3 +185,87 @@ def settings_from_env(env: Mapping[str, str]) -> OperatorSettings:
         guard_image=image, guard_image_pull_policy=pull_policy, cluster_name=cluster or None,
         guard_resources=resources, guard_run_as_user=user, run_volume_size_limit=size_limit,
     )
+
+
+def read_settings(env: Mapping[str, str], flags: Flags = Flags()) -> Settings:
+    """Every setting, from `env` (pass `os.environ`) and the command line's `flags`, which
+    win; every bad value is a problem naming the variable or flag it came from, those of
+    how the operator runs first."""
+    problems: list[Problem] = []
+
+    def pick(flag: str, variable: str) -> tuple[str, str]:
+        value = getattr(flags, flag)
+        if value is not None:
+            return str(value), "--" + flag.replace("_", "-")
+        return env.get(variable, "").strip(), variable
+
+    if flags.namespaces:
+        names, source = [n.strip() for n in flags.namespaces], "--namespace"
+    else:
+        names, source = [n.strip() for n in env.get(ENV_NAMESPACES, "").split(",")], ENV_NAMESPACES
+    namespaces = tuple(dict.fromkeys(n for n in names if n))
+    for bad in (n for n in namespaces if not _is_dns_label(n)):
+        problems.append(Problem(source, f"{bad!r} is not a namespace name"))
+
+    peering = None if flags.standalone else pick("peering", ENV_PEERING)[0] or None
+
+    priority_text, priority_source = pick("priority", ENV_PRIORITY)
+    priority = 0
+    if priority_text == PRIORITY_FROM_POD_IP:
+        pod_ip = env.get(ENV_POD_IP, "").strip()
+        try:
+            priority = priority_from_ip(pod_ip)
+        except ValueError:
+            problems.append(Problem(ENV_POD_IP, f"{pod_ip!r} is not an IP address "
+                                                f"({priority_source} is {PRIORITY_FROM_POD_IP})"))
+    elif priority_text:
+        try:
+            priority = int(priority_text)
+        except ValueError:
+            problems.append(Problem(priority_source,
+                                    f"must be an integer or {PRIORITY_FROM_POD_IP}, not {priority_text!r}"))
+
+    port_text, port_source = pick("metrics_port", ENV_METRICS_PORT)
+    port = DEFAULT_METRICS_PORT
+    if port_text:
+        port = int(port_text) if port_text.isdigit() else -1
+        if not 0 <= port <= 65535:
+            problems.append(Problem(port_source,
+                                    f"must be a port number 0-65535 (0: off), not {port_text!r}"))
+
+    level, level_source = pick("log_level", ENV_LOG_LEVEL)
+    level = level.lower() or DEFAULT_LOG_LEVEL
+    if level not in LOG_LEVELS:
+        problems.append(Problem(level_source, f"must be one of {', '.join(LOG_LEVELS)}, not {level!r}"))
+
+    switches: dict[str, bool] = {}
+    for variable in (ENV_STOP_WORKLOAD, ENV_OUTCOME_RECORDING):
+        text = env.get(variable, "").strip().lower()
+        if text not in BOOLEANS:
+            problems.append(Problem(variable, f"must be true or false, not {text!r}"))
+        switches[variable] = BOOLEANS.get(text, False)
+
+    build: OperatorSettings | None = None
+    try:
+        build = settings_from_env(env)
+    except SettingsError as error:
+        problems.extend(error.problems)
+    if problems or build is None:
+        raise SettingsError(problems)
+    return Settings(build=build, namespaces=namespaces, peering=peering, priority=priority,
+                    metrics_port=port, log_level=level, liveness=flags.liveness,
+                    stop_workload=switches[ENV_STOP_WORKLOAD],
+                    outcome_recording=switches[ENV_OUTCOME_RECORDING])
+
+
+def priority_from_ip(text: str) -> int:
+    """A peering priority unique per pod: the IPv4 address as an integer, or the low 31
+    bits of an IPv6 one. kopf pauses every operator of equal priority, so they must differ."""
+    address = ipaddress.ip_address(text)
+    value = int(address)
+    return value if address.version == 4 else value & ((1 << _IPV6_PRIORITY_BITS) - 1)
+
+
+def _is_dns_label(name: str) -> bool:
+    return 0 < len(name) <= 63 and name.replace("-", "a").isalnum() and name.islower() \
+        and name[0].isalnum() and name[-1].isalnum()

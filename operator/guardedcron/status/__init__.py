@@ -1,14 +1,16 @@
 """Run status, pure: classification of runs, conditions, missed runs, overlaps, the
-whole desired status of a GuardedCronJob and the events between two statuses."""
+whole desired status of a GuardedCronJob and what follows from writing it (Events,
+metric changes, outcomes to record, pods to stop)."""
 
-from guardedcron.status.compute import (
-    DEGRADED_AFTER_GUARD_ERRORS,
+from guardedcron.status.change import (
     STATUS_KEYS,
-    compute_status,
-    cronjob_mismatch,
+    FinishedRun,
+    MetricChanges,
+    StatusChange,
     status_changed,
     status_patch,
 )
+from guardedcron.status.compute import DEGRADED_AFTER_GUARD_ERRORS, compute_status, cronjob_mismatch
 from guardedcron.status.conditions import get_condition, is_true, set_condition
 from guardedcron.status.history import finished_runs
 from guardedcron.status.missed import MissedRun, find_missed_run, schedule_period_seconds
@@ -20,11 +22,14 @@ __all__ = [
     "DEGRADED_AFTER_GUARD_ERRORS",
     "STATUS_KEYS",
     "EventReason",
+    "FinishedRun",
+    "MetricChanges",
     "MissedRun",
     "Outcome",
     "Overlap",
     "RunEvent",
     "RunRecord",
+    "StatusChange",
     "classify_run",
     "compute_status",
     "cronjob_mismatch",

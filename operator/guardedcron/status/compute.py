@@ -1,9 +1,10 @@
 """The whole desired status of one GuardedCronJob, from what the operator sees (pure).
 
 compute_status takes every input explicitly (the clock too) and returns the status the
-operator should write. Recomputing with nothing changed returns an equal dict, so
-`status_changed` lets an idle resync write nothing: no field here moves with the clock
-alone (nextScheduleTime moves once per fire time, when the schedule does).
+operator should write, with what follows from writing it (status/change.py). It reads
+the runs of each status once. Recomputing with nothing changed returns an equal dict,
+so an idle resync writes nothing: no field here moves with the clock alone
+(nextScheduleTime moves once per fire time, when the schedule does).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from guardedcron import contract
 from guardedcron.objects import get_path
 from guardedcron.spec import ParsedSpec
 from guardedcron.status import conditions as cond
+from guardedcron.status.change import StatusChange, conditions_of, follow
 from guardedcron.status.history import add_counts, finished_runs, known_records, newest_first
 from guardedcron.status.missed import find_missed_run
 from guardedcron.status.overlap import find_overlaps
@@ -25,13 +27,8 @@ from guardedcron.status.times import format_time, parse_time
 
 DEFAULT_RECENT_RUNS_LIMIT: Final = 10  # the CRD's default, used while the spec is invalid
 DEGRADED_AFTER_GUARD_ERRORS: Final = 3
-# Every key compute_status owns; others under .status (if any) are left alone.
 # (type, status, reason, message) of one condition
 _Condition = tuple[str, cond.ConditionStatus, str, str]
-STATUS_KEYS: Final = (
-    "observedGeneration", "conditions", "cronJobRef", "nextScheduleTime", "lastScheduleTime",
-    "lastSuccessfulTime", "lastRun", "recentRuns", "runCounts", "lastTriggerToken",
-)
 
 
 def compute_status(
@@ -46,8 +43,8 @@ def compute_status(
     now: datetime,
     apply_error: str | None = None,
     handled_trigger: str | None = None,
-) -> dict[str, Any]:
-    """The status to write.
+) -> StatusChange:
+    """The status to write over `previous_status`, and what follows from writing it.
 
     - `parsed`: the checked spec, or None when `spec_problems` lists why it is invalid.
     - `cronjob`: the live CronJob, or None when it does not exist.
@@ -64,14 +61,19 @@ def compute_status(
     problems = [f"{path}: {message}" for path, message in spec_problems]
     limit = parsed.spec.recent_runs_limit if parsed is not None else _previous_limit(previous)
 
-    runs = newest_first(merge_runs(previous, jobs, pods_by_job, now))
+    before = known_records(previous)
+    runs = newest_first(merge_runs(before, jobs, pods_by_job, now))
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "recentRuns": [run.to_status() for run in runs[:limit]],
     }
     if runs:
         status["lastRun"] = runs[0].to_status()
-    status["runCounts"] = add_counts(previous.get("runCounts"), finished_runs(previous, status))
+    # The runs as written (whole-second times): what the next pass reads back, so a
+    # transition seen now is the one the next pass will not see again.
+    after = known_records(status)
+    finished = finished_runs(before, after)
+    status["runCounts"] = add_counts(previous.get("runCounts"), finished)
     token = handled_trigger if handled_trigger is not None else previous.get("lastTriggerToken")
     if isinstance(token, str) and token:
         status["lastTriggerToken"] = token
@@ -91,7 +93,7 @@ def compute_status(
         *(run.finished_at for run in runs if run.outcome is Outcome.SUCCEEDED),
     ])
 
-    conditions: list[dict[str, Any]] = [dict(c) for c in _conditions(previous)]
+    conditions: list[dict[str, Any]] = [dict(c) for c in conditions_of(previous)]
 
     def put(kind: str, state: cond.ConditionStatus, reason: str, message: str) -> None:
         nonlocal conditions
@@ -105,17 +107,18 @@ def compute_status(
     put(*_overlap(runs))
     put(*_degraded(runs))
     status["conditions"] = conditions
-    return status
+    return follow(previous=previous, before=before, status=status, after=after, finished=finished,
+                  parsed=parsed, pods_by_job=pods_by_job, now=now)
 
 
-def merge_runs(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]],
+def merge_runs(remembered: Mapping[str, RunRecord], jobs: Sequence[Mapping[str, Any]],
                pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]], now: datetime) -> list[RunRecord]:
-    """Remembered runs and live Jobs, one record per Job name.
+    """Remembered runs (the previous status's, by Job name) and live Jobs, one record
+    per Job name.
 
     A final remembered record wins over the live Job (its fields never change again);
     an open one is replaced by the Job's classification, or closed if the Job is gone.
     """
-    remembered = known_records(previous)
     merged: dict[str, RunRecord] = {}
     for job in jobs:
         name = get_path(job, "metadata", "name")
@@ -163,17 +166,6 @@ def keep_known(old: RunRecord, live: RunRecord) -> RunRecord:
                                       and old.started_at is not None)
         else live.started_at if live.started_at is not None else old.started_at,
     )
-
-
-def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    """Whether writing `new` would change what is stored in the keys compute_status owns."""
-    return _owned(old) != _owned(new)
-
-
-def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
-    """A JSON merge patch for .status turning `old` into `new`: keys gone from `new` are
-    set to null, at any depth, so a merge cannot keep a stale field (e.g. lastRun.fence)."""
-    return _merge_patch(_owned(old), _owned(new))
 
 
 # --- conditions -------------------------------------------------------------------
@@ -298,39 +290,7 @@ def _previous_limit(previous: Mapping[str, Any]) -> int:
     return max(len(runs), DEFAULT_RECENT_RUNS_LIMIT) if isinstance(runs, list) else DEFAULT_RECENT_RUNS_LIMIT
 
 
-def _conditions(previous: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    items = previous.get("conditions")
-    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
-
-
 def _put_latest(status: dict[str, Any], key: str, candidates: Iterable[datetime | None]) -> None:
     known = [t for t in candidates if t is not None]
     if known:
         status[key] = format_time(max(known))
-
-
-def _owned(status: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {k: _without_nulls(status[k]) for k in STATUS_KEYS if status and status.get(k) is not None}
-
-
-def _without_nulls(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
-
-
-def _merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    patch: dict[str, Any] = {key: None for key in old if key not in new}
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, Mapping) and isinstance(before, Mapping):
-            nested = _merge_patch(before, value)
-            if nested:
-                patch[key] = nested
-        elif value != before:
-            patch[key] = value
-    return patch
-
-

@@ -3,8 +3,9 @@
 Jobs disappear (the CronJob's history limits delete them), so the status itself is
 the memory: `recentRuns` plus `lastRun` of the previous pass. A record with
 `finishedAt` is final and is never rewritten, so its fields, its event and its count
-happen once. The functions here compare two statuses; compute_status and the event
-and metric code all use them, so they agree on what changed.
+happen once. compute_status reads the runs of each status once, with `known_records`,
+and compares the two readings with `finished_runs`; everything that follows from a
+pass (counts, Events, metrics, outcome recording) uses that one comparison.
 """
 
 from __future__ import annotations
@@ -42,12 +43,11 @@ def newest_first(records: Iterable[RunRecord]) -> list[RunRecord]:
     return sorted(records, key=RunRecord.sort_key, reverse=True)
 
 
-def finished_runs(old_status: Mapping[str, Any] | None,
-                  new_status: Mapping[str, Any] | None) -> list[RunRecord]:
-    """Runs final in `new_status` that were unknown or still open in `old_status`."""
-    before = known_records(old_status)
+def finished_runs(before: Mapping[str, RunRecord], after: Mapping[str, RunRecord]) -> list[RunRecord]:
+    """Runs final in `after` that were unknown or still open in `before` (each the
+    `known_records` of a status), newest first."""
     finished = []
-    for record in newest_first(known_records(new_status).values()):
+    for record in newest_first(after.values()):
         previous = before.get(record.job)
         if record.final and (previous is None or not previous.final):
             finished.append(record)

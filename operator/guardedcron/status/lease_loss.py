@@ -7,13 +7,14 @@ deleted is to be stopped; the handlers delete it (docs/design.md, "Lease loss").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from guardedcron.status.history import known_records
-from guardedcron.status.runs import Outcome
+from guardedcron.spec import OnLost
+from guardedcron.status.runs import Outcome, RunRecord
 
+STOP_WORKLOAD: Final[OnLost] = "StopWorkload"
 _ENDED_PHASES = ("Succeeded", "Failed")
 
 
@@ -25,11 +26,11 @@ class StopOrder:
     reason: str  # the run's reason: why its lease is lost
 
 
-def workloads_to_stop(status: Mapping[str, Any],
+def workloads_to_stop(runs: Iterable[RunRecord],
                       pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[StopOrder]:
-    """Pods of open `Lost` runs that are still running, oldest run first."""
+    """Pods of open `Lost` runs among `runs` that are still running, by Job and pod name."""
     orders: list[StopOrder] = []
-    for run in known_records(status).values():
+    for run in runs:
         if run.outcome is not Outcome.LOST or run.final:
             continue
         for pod in pods_by_job.get(run.job, ()):

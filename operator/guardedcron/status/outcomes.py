@@ -8,12 +8,11 @@ lease; a Lost run's keeper recorded the loss itself, and the lease is someone el
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-from guardedcron.status.history import finished_runs
-from guardedcron.status.runs import Outcome, bounded_reason
+from guardedcron.status.runs import Outcome, RunRecord, bounded_reason
 
 RECORDED: Final = {Outcome.SUCCEEDED: "succeeded", Outcome.FAILED: "failed", Outcome.TIMED_OUT: "failed"}
 
@@ -27,11 +26,11 @@ class OutcomeRecord:
     reason: str
 
 
-def outcomes_to_record(old_status: Mapping[str, Any] | None,
-                       new_status: Mapping[str, Any]) -> list[OutcomeRecord]:
-    """Runs that became final from `old_status` to `new_status` and held the lease, oldest first."""
+def outcomes_to_record(finished: Sequence[RunRecord]) -> list[OutcomeRecord]:
+    """Of the runs that just became final (`finished_runs`, newest first), those that held
+    the lease, oldest first."""
     records = []
-    for run in reversed(finished_runs(old_status, new_status)):
+    for run in reversed(finished):
         outcome = RECORDED.get(run.outcome)
         if outcome is None or run.holder is None or run.fence is None:
             continue

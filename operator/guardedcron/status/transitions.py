@@ -10,19 +10,20 @@ and each transition is reported once:
   lease gets LeaseLost when the loss is seen, not again when its Job ends;
 - the MissedRun or Overlap condition turning True, or naming another slot or pair
   while True: MissedRun, Overlap.
-Runs are those the statuses remember (recentRuns and lastRun).
+Runs are those the statuses remember (recentRuns and lastRun), as compute_status read
+them once (`known_records`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from guardedcron.status import conditions as cond
-from guardedcron.status.history import known_records, newest_first
+from guardedcron.status.history import newest_first
 from guardedcron.status.runs import Outcome, RunRecord
 
 
@@ -81,16 +82,18 @@ class RunEvent:
         return hashlib.sha256(f"{self.reason}\n{self.subject}".encode()).hexdigest()[:16]
 
 
-def run_events(old_status: Mapping[str, Any] | None, new_status: Mapping[str, Any] | None) -> list[RunEvent]:
-    """Events for every transition from `old_status` to `new_status`, oldest run first."""
-    before = known_records(old_status)
+def run_events(before: Mapping[str, RunRecord], after: Mapping[str, RunRecord],
+               old_conditions: Sequence[Mapping[str, Any]],
+               new_conditions: Sequence[Mapping[str, Any]]) -> list[RunEvent]:
+    """Events for every transition from the old status to the new one (their runs by Job
+    name, and their conditions), oldest run first."""
     events: list[RunEvent] = []
-    for run in reversed(newest_first(known_records(new_status).values())):
+    for run in reversed(newest_first(after.values())):
         previous = before.get(run.job)
         if previous is None or previous.outcome is not run.outcome:
             events.append(_run_event(run))
     for kind, reason in ((cond.MISSED_RUN, EventReason.MISSED_RUN), (cond.OVERLAP, EventReason.OVERLAP)):
-        event = _condition_event(old_status, new_status, kind, reason)
+        event = _condition_event(old_conditions, new_conditions, kind, reason)
         if event is not None:
             events.append(event)
     return events
@@ -119,18 +122,14 @@ def describe_run(run: RunRecord) -> str:
     return f"{kind} {run.job}{slot} {text}{lease}: {run.reason}"
 
 
-def _condition_event(old_status: Mapping[str, Any] | None, new_status: Mapping[str, Any] | None,
+def _condition_event(old_conditions: Sequence[Mapping[str, Any]],
+                     new_conditions: Sequence[Mapping[str, Any]],
                      kind: str, reason: EventReason) -> RunEvent | None:
-    new = cond.get_condition(_conditions(new_status), kind)
+    new = cond.get_condition(new_conditions, kind)
     if new is None or new.get("status") != "True":
         return None
-    old = cond.get_condition(_conditions(old_status), kind)
+    old = cond.get_condition(old_conditions, kind)
     message = str(new.get("message") or "")
     if old is not None and old.get("status") == "True" and old.get("message") == message:
         return None
     return RunEvent(reason, message, subject=message)
-
-
-def _conditions(status: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    items = status.get("conditions") if status else None
-    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
