@@ -32,6 +32,7 @@ from guardedcron.spec import (
 )
 from guardedcron.spec.defaults import schema_for
 from guardedcron.spec.parse import API_VERSION
+from guardedcron.spec.settings import ENV_CLUSTER_NAME, ENV_GUARD_IMAGE
 
 ENV_CRD = "GUARDEDCRON_CRD"
 CRD_FILE_NAME = f"{contract.PLURAL}.{contract.API_GROUP}.yaml"
@@ -43,7 +44,7 @@ render -f -` works. A manifest without metadata.uid (not applied yet) renders wi
 ownerReferences: a made-up uid would make the garbage collector delete the CronJob.
 Schema defaults come from the CRD file: --crd, else ${ENV_CRD}, else the copy of
 crds/{CRD_FILE_NAME} installed with guardedcron. Operator settings come from the environment, as for the
-operator (GUARDEDCRON_GUARD_IMAGE, GUARDEDCRON_CLUSTER_NAME, ...; see docs/design.md).
+operator ({ENV_GUARD_IMAGE}, {ENV_CLUSTER_NAME}, ...; see docs/design.md).
 """
 
 
