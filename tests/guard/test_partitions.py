@@ -128,6 +128,26 @@ def test_a_partitioned_keeper_reports_the_loss_before_anyone_can_take_over(
     assert password_of(dsn) not in stderr + termination_log.read_text() + (out / "lost").read_text()
 
 
+def test_a_keeper_that_never_hears_from_the_database_reports_the_loss_before_the_lease_ends(
+        dsn: str, proxied: Proxied, tmp_path: Path) -> None:
+    """Cut from the start (a server that takes the connection and never answers): the
+    keeper's first renewal hangs, and the loss is reported while the lease still runs."""
+    lease_seconds = 4.0
+    holder = acquire_directly(dsn, "a", lease_seconds)
+    assert holder.locked_until is not None
+    proxied.proxy.blackhole()
+    out, termination_log = tmp_path / "run", tmp_path / "termination-log"
+    keeper = start_keeper(proxied.dsn, holder.fence, out, termination_log, lease_seconds)
+    _, stderr = keeper.communicate(timeout=30)
+    exited_at = time.time()
+    assert keeper.returncode == 76, stderr
+    # The marker is what counts: written before the lease ends (the same machine's clock).
+    assert (out / "lost").stat().st_mtime < holder.locked_until.timestamp()
+    assert "LEASE LOST" in stderr and "could not renew" in stderr
+    assert exited_at < holder.locked_until.timestamp() + SLACK_SECONDS
+    assert password_of(dsn) not in stderr
+
+
 def test_sigterm_ends_a_keeper_whose_renewal_hangs_within_two_seconds(
         dsn: str, proxied: Proxied, tmp_path: Path) -> None:
     lease_seconds = 9.0  # renewals every 3 s; the one after the cut hangs until about 8 s

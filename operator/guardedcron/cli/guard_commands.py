@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -280,6 +281,7 @@ def _acquire(args: argparse.Namespace) -> int:
         check_out_dir("--out", args.out)
     dsn = checked_dsn(args)
     with connect(dsn, timeout) as conn:
+        sent = time.monotonic()
         result = call_with_deadline(conn, dsn, ACQUIRE_CALL_SECONDS, lambda c: lease_ops.acquire(c, request))
     summary = {
         "acquired": result.acquired,
@@ -297,9 +299,17 @@ def _acquire(args: argparse.Namespace) -> int:
         write_termination_message({"outcome": "skipped", "requester": request.holder, **summary})
         return EXIT_NOT_ACQUIRED
     if args.out is not None:
-        write_lease_files(args.out, summary)
+        write_lease_files(args.out, {**summary, **keeper_timing(sent, result)})
     write_termination_message({"outcome": "acquired", **summary})
     return EXIT_OK
+
+
+def keeper_timing(sent: float, result: Any) -> dict[str, float]:
+    """For the keeper's first deadline (docs/design.md, "The keeper's timing"): when this
+    acquire was sent, on the monotonic clock the pod's containers share, and how long the
+    database said the lease lasts from its answer."""
+    remaining = (result.locked_until - result.db_now).total_seconds()
+    return {"sent_monotonic": sent, "remaining_seconds": remaining}
 
 
 def _skip_message(request: Any, result: Any) -> str:

@@ -20,6 +20,7 @@ first, and abandons the call at its deadline.
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from guardedcron.contract import EXIT_LEASE_LOST, EXIT_OK, KEEPER_STOP_SECONDS
+from guardedcron.contract import EXIT_LEASE_LOST, EXIT_OK, KEEPER_STOP_SECONDS, LEASE_FILE
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.connection import call_with_deadline, scrub
 from guardedcron.guard.errors import SchemaOutdated
@@ -153,10 +154,7 @@ class Keeper:
 
     def run(self) -> int:
         """Keep the lease until stopped; return the process exit code."""
-        req = self.request
-        # Until a renewal answers, count the lease from our own start: the guard acquired
-        # it just before (the previous init container), which the margin must cover.
-        deadline = time.monotonic() + req.lease_seconds - self.margin
+        deadline = self._first_deadline()
         next_renewal = time.monotonic()
         last_error: str | None = None
         while True:
@@ -194,6 +192,18 @@ class Keeper:
             remaining = (state.locked_until - state.db_now).total_seconds()  # type: ignore[operator]
             deadline = sent + remaining - self.margin
             next_renewal = sent + self.interval
+
+    def _first_deadline(self) -> float:
+        """The deadline until a renewal answers: from the guard's acquire, when its
+        lease.json (next to the lost marker, same fence) tells when it was sent and what
+        the database answered; never later than counting the lease from our own start."""
+        req = self.request
+        own_start = time.monotonic() + req.lease_seconds - self.margin
+        acquired = acquire_timing(req.out_dir / LEASE_FILE, req.fence) if req.out_dir else None
+        if acquired is None:
+            return own_start
+        sent, remaining = acquired
+        return min(own_start, sent + remaining - self.margin)
 
     def _renew(self, conn: Connection) -> lease_ops.LeaseState:
         req = self.request
@@ -303,3 +313,14 @@ class Keeper:
             return bounded
         record_by = deadline + self.margin * RECORD_SHARE_OF_MARGIN
         return min(bounded, record_by) if record_by > now else bounded
+
+
+def acquire_timing(lease_file: Path, fence: int) -> tuple[float, float] | None:
+    """(sent_monotonic, remaining_seconds) that `acquire --out` wrote for this fence, if any."""
+    try:
+        lease = json.loads(lease_file.read_text())
+        if int(lease["fence"]) != fence:
+            return None
+        return float(lease["sent_monotonic"]), float(lease["remaining_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent (keep --fence without acquire --out), or written by an older guard
