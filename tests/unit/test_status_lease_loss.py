@@ -11,7 +11,8 @@ import pytest
 
 from guardedcron.status.lease_loss import StopOrder, workloads_to_stop
 from tests.unit import status_objects as k
-from tests.unit.status_world import Runs, compute, compute_change, slot
+from tests.unit.gcj_fixtures import put
+from tests.unit.status_world import Runs, compute, compute_change, slot, the_gcj
 
 
 @pytest.fixture
@@ -71,3 +72,18 @@ def test_a_lost_run_stays_lost_when_its_pod_is_gone_and_ends_with_the_job(runs: 
     assert (last["holder"], last["fence"], last["startedAt"]) == (
         seen["lastRun"]["holder"], 4, seen["lastRun"]["startedAt"])
     assert final["runCounts"]["lost"] == 1 and final["runCounts"]["failed"] == 0
+
+
+def test_pods_to_stop_follow_from_the_status_only_with_stop_workload(runs: Runs) -> None:
+    job, pods = runs.lost(slot(10), 4, finished=False)
+    now = slot(10) + timedelta(minutes=12)
+    assert compute_change([(job, pods)], None, now).stop == ()  # onLost: Record
+    gcj = put(the_gcj(), "spec.lease.onLost", "StopWorkload")
+    change = compute_change([(job, pods)], None, now, gcj=gcj)
+    assert [order.pod for order in change.stop] == [k.pod_name(job)]
+    # A pass that changes nothing still names the pod (it may outlive the write that
+    # showed the loss), with no transition to count or post.
+    again = compute_change([(job, pods)], k.json_roundtrip(change.status), now + timedelta(minutes=1),
+                           gcj=gcj)
+    assert not again.changed and again.events == () and again.metrics.finished == ()
+    assert again.stop == change.stop

@@ -64,6 +64,7 @@ class StatusChange:
     status: dict[str, Any]  # the status to write
     runs: Mapping[str, RunRecord]  # the runs `status` remembers, by Job name
     changed: bool  # writing `status` would change what is stored
+    # Transitions; all empty when `changed` is False.
     finished: tuple[RunRecord, ...]  # runs that became final in `status`, newest first
     events: tuple[RunEvent, ...]  # Events for its transitions, oldest run first
     metrics: MetricChanges
@@ -75,9 +76,10 @@ class StatusChange:
         return status_patch(self.previous, self.status)
 
 
-def follow(*, previous: Mapping[str, Any], before: Mapping[str, RunRecord], status: dict[str, Any],
-           after: Mapping[str, RunRecord], finished: Sequence[RunRecord], parsed: ParsedSpec | None,
-           pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]], now: datetime) -> StatusChange:
+def what_follows(*, previous: Mapping[str, Any], before: Mapping[str, RunRecord],
+                 status: dict[str, Any], after: Mapping[str, RunRecord],
+                 finished: Sequence[RunRecord], parsed: ParsedSpec | None,
+                 pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]], now: datetime) -> StatusChange:
     """The change from `previous` (whose runs are `before`) to `status` (runs `after`),
     given the runs `finished_runs` found between them."""
     changed = status_changed(previous, status)

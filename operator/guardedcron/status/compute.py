@@ -18,7 +18,7 @@ from guardedcron import contract
 from guardedcron.objects import get_path
 from guardedcron.spec import ParsedSpec
 from guardedcron.status import conditions as cond
-from guardedcron.status.change import StatusChange, conditions_of, follow
+from guardedcron.status.change import StatusChange, conditions_of, what_follows
 from guardedcron.status.history import add_counts, finished_runs, known_records, newest_first
 from guardedcron.status.missed import find_missed_run
 from guardedcron.status.overlap import find_overlaps
@@ -107,8 +107,8 @@ def compute_status(
     put(*_overlap(runs))
     put(*_degraded(runs))
     status["conditions"] = conditions
-    return follow(previous=previous, before=before, status=status, after=after, finished=finished,
-                  parsed=parsed, pods_by_job=pods_by_job, now=now)
+    return what_follows(previous=previous, before=before, status=status, after=after,
+                        finished=finished, parsed=parsed, pods_by_job=pods_by_job, now=now)
 
 
 def merge_runs(remembered: Mapping[str, RunRecord], jobs: Sequence[Mapping[str, Any]],
