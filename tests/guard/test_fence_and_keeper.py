@@ -138,22 +138,25 @@ def start_keeper(dsn: str, out: Path, lease_seconds: str = "1.5") -> subprocess.
     )
 
 
-def acquire_as_a(dsn: str, tmp_path: Path) -> Path:
-    """Holder `a` takes the lock `job` with a 1.5 s lease; returns the folder of its fence file."""
+def acquire_as_a(dsn: str, tmp_path: Path, lease_seconds: str = "1.5") -> Path:
+    """Holder `a` takes the lock `job` (1.5 s lease by default); returns the folder of its fence file."""
     out = tmp_path / "run"
     acquired = run_cli(
-        ["acquire", "--lock", "job", "--holder", "a", "--lease-seconds", "1.5", "--out", str(out)], dsn=dsn
+        ["acquire", "--lock", "job", "--holder", "a", "--lease-seconds", lease_seconds, "--out", str(out)],
+        dsn=dsn,
     )
     assert acquired.code == 0, acquired.stderr
     return out
 
 
 def test_keeper_renews_while_alive_and_releases_on_sigterm(dsn: str, tmp_path: Path) -> None:
-    out = acquire_as_a(dsn, tmp_path)
+    # The keeper's first deadline counts from the acquire (lease.json): 4 s leaves a loaded
+    # machine 3 s to start it.
+    out = acquire_as_a(dsn, tmp_path, "4")
     first_until = lease_until(dsn, "job")[2]
-    keeper = start_keeper(dsn, out)
+    keeper = start_keeper(dsn, out, "4")
     try:
-        time.sleep(3.5)  # more than two lease lengths: only renewals keep it alive
+        time.sleep(6.0)  # past the first lease: only renewals keep it alive
         holder, fence, until, live = lease_until(dsn, "job")
         assert (holder, fence, live) == ("a", 1, True)
         assert until > first_until  # type: ignore[operator]
@@ -224,11 +227,14 @@ def test_a_restarted_keeper_after_a_loss_waits_instead_of_fighting(dsn: str, tmp
     (out / "fence").write_text("1\n")
     (out / "lost").write_text("{}\n")
     keeper = start_keeper(dsn, out)
-    time.sleep(1.0)
+    assert keeper.stderr is not None
+    said = keeper.stderr.readline()  # once it says so, its SIGTERM handler is in place
+    assert "lost earlier" in said
+    time.sleep(0.5)
     assert keeper.poll() is None
     keeper.send_signal(signal.SIGTERM)
-    _, stderr = keeper.communicate(timeout=10)
-    assert keeper.returncode == 0 and "lost earlier" in stderr
+    keeper.communicate(timeout=10)
+    assert keeper.returncode == 0
 
 
 def test_keeper_gives_up_when_the_database_is_gone_past_the_lease(tmp_path: Path) -> None:

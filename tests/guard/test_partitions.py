@@ -131,8 +131,9 @@ def test_a_partitioned_keeper_reports_the_loss_before_anyone_can_take_over(
 def test_a_keeper_that_never_hears_from_the_database_reports_the_loss_before_the_lease_ends(
         dsn: str, proxied: Proxied, tmp_path: Path) -> None:
     """Cut from the start (a server that takes the connection and never answers): the
-    keeper's first renewal hangs, and the loss is reported while the lease still runs."""
-    lease_seconds = 4.0
+    keeper's first renewal hangs, and the loss is reported while the lease still runs
+    (counted from the acquire, lease.json: 8 s leave a loaded machine time to start it)."""
+    lease_seconds = 8.0
     holder = acquire_directly(dsn, "a", lease_seconds)
     assert holder.locked_until is not None
     proxied.proxy.blackhole()
