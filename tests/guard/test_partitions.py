@@ -288,3 +288,26 @@ def test_a_command_that_cannot_connect_through_a_partition_exits_69_within_its_b
     assert result.seconds < CONNECT_TIMEOUT + SLACK_SECONDS, result.seconds
     assert "cannot reach database" in result.stderr and "connection timeout expired" in result.stderr
     assert password_of(dsn) not in result.stderr + termination_log.read_text()
+
+
+def test_sigterm_ends_an_acquire_stuck_in_a_partition_at_once(
+        dsn: str, proxied: Proxied, tmp_path: Path) -> None:
+    """Only `keep` handles SIGTERM (to release); every other command ends on it at once."""
+    proxied.proxy.blackhole()
+    proc = subprocess.Popen(
+        [GUARDEDCRON, *CUT_MID_CALL["acquire"][0], "--connect-timeout", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(proxied.dsn, tmp_path / "termination-log"))
+    time.sleep(2.0)  # started, and waiting for the database
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGTERM
+    assert time.monotonic() - signalled < KEEPER_STOP_SECONDS + STOP_SLACK_SECONDS
+    assert password_of(dsn) not in stdout + stderr
