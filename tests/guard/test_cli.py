@@ -92,7 +92,8 @@ def test_release_renew_exit_codes(dsn: str) -> None:
         ).code
         == 0
     )
-    assert run_cli(["release", "--lock", "billing/nightly", "--holder", "b", "--fence", "1"], dsn=dsn).code == 75
+    not_holder = run_cli(["release", "--lock", "billing/nightly", "--holder", "b", "--fence", "1"], dsn=dsn)
+    assert not_holder.code == 75
     released = run_cli(
         ["release", "--lock", "billing/nightly", "--holder", "a", "--fence", "1", "--outcome", "succeeded"],
         dsn=dsn,
