@@ -8,11 +8,17 @@ benchmarks can count the statements each approach sends.
 
 from __future__ import annotations
 
+import compileall
+import io
 import os
 import platform
 import statistics
 import subprocess
-from collections.abc import Iterable, Sequence
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +30,59 @@ from guardedcron.devenv.postgres import ThrowawayPostgres
 from guardedcron.guard.migrations import migrate
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+
+REPO = Path(__file__).resolve().parent.parent
+# "Before" in the side-by-side figures of issue 10: the last commit before its fixes landed.
+BEFORE_COMMIT = "3ae2c10"
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One version of guardedcron's code: its operator/ folder, run by this venv's Python."""
+
+    label: str
+    operator: Path
+
+    def env(self, dsn: str | None = None) -> dict[str, str]:
+        env = {**os.environ, "PYTHONPATH": str(self.operator)}
+        if dsn is not None:
+            env["GUARDEDCRON_DSN"] = dsn
+        return env
+
+
+@contextmanager
+def trees(before: str = BEFORE_COMMIT) -> Iterator[tuple[Tree, Tree]]:
+    """(before, after): `before`'s operator/ from git, and the working tree's.
+
+    Both have their bytecode compiled first, as the image has (the Dockerfile's pip install
+    compiles it), so that neither pays for compiling its modules on every run.
+    """
+    with tempfile.TemporaryDirectory(prefix="guardedcron-before-") as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", "--format=tar", before, "operator"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="data")
+        old, new = Tree(f"before ({before})", Path(tmp) / "operator"), Tree("after", REPO / "operator")
+        for tree in (old, new):
+            compileall.compile_dir(tree.operator, quiet=1)
+        yield old, new
+
+
+def migrated_database(server: ThrowawayPostgres, name: str, tree: Tree) -> str:
+    """A fresh database migrated by `tree`'s own `guardedcron db migrate` (its schema version)."""
+    dsn = server.create_database(name)
+    subprocess.run(
+        [sys.executable, "-m", "guardedcron", "db", "migrate"],
+        env=tree.env(dsn),
+        capture_output=True,
+        check=True,
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    return dsn
 
 
 def durable_server() -> ThrowawayPostgres:

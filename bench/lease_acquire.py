@@ -1,19 +1,25 @@
-"""Taking a lease: guardedcron's acquire_v1 against the peers' patterns, side by side.
+"""Taking a lease: guardedcron before and after issue 10, and the peers' patterns, side by side.
 
-- **guardedcron**: `SELECT * FROM guardedcron.acquire_v1(...)`, one statement: lease,
-  fence, history row and retention in one short transaction.
+Every approach takes the lock and, once it has it, lets it go (a guard does both: acquire
+before the run, release after it), so the next caller can win at once:
+
+- **guardedcron, before**: `acquire_v1` + `release_v1` on a database at schema version 2,
+  migrated by the code of `bench.common.BEFORE_COMMIT`.
+- **guardedcron, after**: `acquire_v2` + `release_v2` (fenced) at the current schema
+  version, and `acquire_v1` + `release_v1` there too: what guards already deployed call.
 - **insert-then-update** (the pattern of ShedLock's JDBC provider, rewritten here): an
   `INSERT` of the lock row, and when the row exists (duplicate key) an `UPDATE ... WHERE
-  lock_until <= now()`; two statements once the row exists, no fence, no history.
+  lock_until <= now()`; unlocking sets `lock_until` to now. No fence, no history.
 - **advisory (session)**: `pg_try_advisory_lock(key)`, released by `pg_advisory_unlock`.
 - **advisory (transaction)**: `BEGIN; SELECT pg_try_advisory_xact_lock(key)`, released by
   `COMMIT`.
 
 Measured per approach: single-client rate and latency; 16 client processes contending
-for one lock, either with the lock free again at once ("churn": every caller can win) or
+for one lock, either with the lock let go at once ("churn": every caller can win) or
 held for 100 ms by each winner ("held": most callers lose); statements sent per acquisition
-(counted at the client: round trips; a PL/pgSQL function call is one);
-WAL bytes per acquisition (`pg_current_wal_lsn()` difference over a run, after a checkpoint).
+(counted at the client: round trips; a PL/pgSQL function call is one), the server's
+execution time of those statements (pg_stat_statements), and WAL bytes per acquisition
+(`pg_current_wal_lsn()` difference over a run, after a checkpoint).
 """
 
 from __future__ import annotations
@@ -21,16 +27,27 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from bench.common import Connection, Table, connect, ms, percentile, statements_since_reset, wal_lsn
+from bench.common import (
+    Connection,
+    Table,
+    Tree,
+    connect,
+    migrated_database,
+    ms,
+    percentile,
+    statements_since_reset,
+    wal_lsn,
+)
+from guardedcron.devenv.postgres import ThrowawayPostgres
 
 LOCK = "bench-lock"
 ADVISORY_KEY = 4242
-TINY_LEASE = 0.000001  # seconds: expired by the next call, so every call is a real takeover
+LEASE = 0.1  # seconds: the shortest lease acquire_v2 grants (contract.MIN_LEASE_SECONDS)
 
 SHEDLOCK_TABLE = """
 CREATE TABLE IF NOT EXISTS bench_shedlock (
@@ -41,79 +58,116 @@ CREATE TABLE IF NOT EXISTS bench_shedlock (
 )
 """
 
+Token = int  # what a won acquisition hands to its release: the fence, or 1 where there is none
 
-# --- the approaches: acquire(conn, holder, hold_seconds) -> won?, release(conn) after a win ---
-def ours_acquire(conn: Connection, holder: str, hold: float) -> bool:
+
+# --- the approaches: acquire(conn, holder, hold_seconds) -> token or None (lost); release(...) ---
+def v1_acquire(conn: Connection, holder: str, hold: float) -> Token | None:
     row = conn.execute(
-        "SELECT acquired FROM guardedcron.acquire_v1(%s, %s, %s, 0, NULL, 90, 10000)",
-        (LOCK, holder, hold or TINY_LEASE),
+        "SELECT acquired, fence FROM guardedcron.acquire_v1(%s, %s, %s, 0, NULL, 90, 10000)",
+        (LOCK, holder, max(hold, LEASE)),
     ).fetchone()
-    return bool(row and row[0])
+    return int(row[1]) if row and row[0] else None
 
 
-def shedlock_acquire(conn: Connection, holder: str, hold: float) -> bool:
-    seconds = hold or TINY_LEASE
+def v1_release(conn: Connection, holder: str, fence: Token) -> None:
+    conn.execute("SELECT released FROM guardedcron.release_v1(%s, %s, 'finished', '')", (LOCK, holder))
+
+
+def v2_acquire(conn: Connection, holder: str, hold: float) -> Token | None:
+    row = conn.execute(
+        "SELECT acquired, fence FROM guardedcron.acquire_v2(%s, %s, %s, 0, NULL, 90, 10000)",
+        (LOCK, holder, max(hold, LEASE)),
+    ).fetchone()
+    return int(row[1]) if row and row[0] else None
+
+
+def v2_release(conn: Connection, holder: str, fence: Token) -> None:
+    conn.execute(
+        "SELECT released FROM guardedcron.release_v2(%s, %s, %s, 'finished', '')", (LOCK, holder, fence)
+    )
+
+
+def shedlock_acquire(conn: Connection, holder: str, hold: float) -> Token | None:
+    seconds = max(hold, LEASE)
     try:
         conn.execute(
             "INSERT INTO bench_shedlock (name, lock_until, locked_at, locked_by)"
             " VALUES (%s, now() + make_interval(secs => %s), now(), %s)",
             (LOCK, seconds, holder),
         )
-        return True
+        return 1
     except psycopg.errors.UniqueViolation:
         cur = conn.execute(
             "UPDATE bench_shedlock SET lock_until = now() + make_interval(secs => %s), locked_at = now(),"
             " locked_by = %s WHERE name = %s AND lock_until <= now()",
             (seconds, holder, LOCK),
         )
-        return cur.rowcount == 1
+        return 1 if cur.rowcount == 1 else None
 
 
-def advisory_acquire(conn: Connection, holder: str, hold: float) -> bool:
+def shedlock_release(conn: Connection, holder: str, token: Token) -> None:
+    conn.execute(
+        "UPDATE bench_shedlock SET lock_until = now() WHERE name = %s AND locked_by = %s", (LOCK, holder)
+    )
+
+
+def advisory_acquire(conn: Connection, holder: str, hold: float) -> Token | None:
     row = conn.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_KEY,)).fetchone()
-    return bool(row and row[0])
+    return 1 if row and row[0] else None
 
 
-def advisory_release(conn: Connection) -> None:
+def advisory_release(conn: Connection, holder: str, token: Token) -> None:
     conn.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_KEY,))
 
 
-def xact_acquire(conn: Connection, holder: str, hold: float) -> bool:
+def xact_acquire(conn: Connection, holder: str, hold: float) -> Token | None:
     conn.execute("BEGIN")
     row = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (ADVISORY_KEY,)).fetchone()
     if not (row and row[0]):
         conn.execute("ROLLBACK")
-        return False
-    return True
+        return None
+    return 1
 
 
-def xact_release(conn: Connection) -> None:
+def xact_release(conn: Connection, holder: str, token: Token) -> None:
     conn.execute("COMMIT")
-
-
-def no_release(conn: Connection) -> None:
-    """A lease ends by itself; nothing to send."""
 
 
 @dataclass(frozen=True)
 class Approach:
     name: str
-    acquire: Callable[[Connection, str, float], bool]
-    release: Callable[[Connection], None]
+    acquire: Callable[[Connection, str, float], Token | None]
+    release: Callable[[Connection, str, Token], None]
     release_note: str
+    schema: str = "after"  # which database: "before" (BEFORE_COMMIT's schema) or "after"
     history_rows: int = 0  # guardedcron only: the lock's history when the measurement starts
 
 
 APPROACHES = (
-    Approach("guardedcron acquire_v1 (short history)", ours_acquire, no_release, "none (the lease runs out)"),
+    Approach("guardedcron before: acquire_v1, schema 2", v1_acquire, v1_release, "release_v1", "before"),
+    Approach("guardedcron after: acquire_v2, schema 3", v2_acquire, v2_release, "release_v2 (fenced)"),
     Approach(
-        "guardedcron acquire_v1 (history at its 10,000-row cap)",
-        ours_acquire,
-        no_release,
-        "none (the lease runs out)",
+        "guardedcron after: acquire_v1 on schema 3 (deployed guards)", v1_acquire, v1_release, "release_v1"
+    ),
+    Approach(
+        "guardedcron before: acquire_v1, history at its 10,000-row cap",
+        v1_acquire,
+        v1_release,
+        "release_v1",
+        "before",
         history_rows=10_000,
     ),
-    Approach("insert-then-update (ShedLock JDBC pattern)", shedlock_acquire, no_release, "none (lock_until)"),
+    Approach(
+        "guardedcron after: acquire_v2, history at its 10,000-row cap",
+        v2_acquire,
+        v2_release,
+        "release_v2 (fenced)",
+        history_rows=10_000,
+    ),
+    Approach(
+        "insert-then-update (ShedLock JDBC pattern)", shedlock_acquire, shedlock_release, "UPDATE lock_until"
+    ),
     Approach("pg_try_advisory_lock", advisory_acquire, advisory_release, "pg_advisory_unlock"),
     Approach("pg_try_advisory_xact_lock", xact_acquire, xact_release, "COMMIT"),
 )
@@ -130,29 +184,33 @@ class Sample:
     calls: int = 0
     wins: int = 0
     seconds: float = 0.0
-    latencies: list[float] | None = None
+    latencies: list[float] = field(default_factory=list)  # of each acquire call
+    release_latencies: list[float] = field(default_factory=list)
 
 
 def client_loop(
     dsn: str, approach_index: int, holder: str, seconds: float, hold: float, start_at: float
 ) -> Sample:
     approach = APPROACHES[approach_index]
-    sample = Sample(latencies=[])
+    sample = Sample()
     with connect(dsn, holder) as conn:
         while time.time() < start_at:  # every process starts together
             time.sleep(0.001)
         began = time.perf_counter()
         deadline = began + seconds
         while time.perf_counter() < deadline:
+            who = f"{holder}.{sample.calls % 2}"  # two holders in turn: every win is a takeover
             t0 = time.perf_counter()
-            won = approach.acquire(conn, holder, hold)
+            token = approach.acquire(conn, who, hold)
             sample.latencies.append(time.perf_counter() - t0)
             sample.calls += 1
-            if won:
+            if token is not None:
                 sample.wins += 1
                 if hold:
                     time.sleep(hold)
-                approach.release(conn)
+                t0 = time.perf_counter()
+                approach.release(conn, who, token)
+                sample.release_latencies.append(time.perf_counter() - t0)
         sample.seconds = time.perf_counter() - began
     return sample
 
@@ -210,18 +268,21 @@ def cost_per_acquisition(dsn: str, dbname: str, approach: Approach, acquisitions
     needs; server execution time is pg_stat_statements' (completed statements, commit excluded)."""
     reset_lock(dsn, approach)
     with connect(dsn, "measure") as meter, connect(dsn, "client") as raw:
-        conn = CountingConnection(raw)
-        approach.acquire(conn, "warm", 0)  # type: ignore[arg-type]  # the lock row exists from here on
-        approach.release(conn)  # type: ignore[arg-type]
+        conn: Any = CountingConnection(raw)
+        token = approach.acquire(conn, "warm", 0)  # the lock row exists from here on
+        if token is not None:
+            approach.release(conn, "warm", token)
         meter.execute("CHECKPOINT")
         meter.execute("SELECT pg_stat_statements_reset()")
         conn.statements = 0
         before = wal_lsn(meter)
         done = 0
         while done < acquisitions:
-            if approach.acquire(conn, f"h{done % 2}", 0):  # type: ignore[arg-type]
+            holder = f"h{done % 2}"
+            token = approach.acquire(conn, holder, 0)
+            if token is not None:
                 done += 1
-                approach.release(conn)  # type: ignore[arg-type]
+                approach.release(conn, holder, token)
         after = wal_lsn(meter)
         counts = statements_since_reset(meter, dbname)
     client = [v for q, v in counts.items() if "pg_current_wal_lsn" not in q and "CHECKPOINT" not in q]
@@ -235,16 +296,23 @@ def cost_per_acquisition(dsn: str, dbname: str, approach: Approach, acquisitions
     )
 
 
-def run(dsn: str, dbname: str, *, seconds: float = 4.0, clients: int = 16) -> list[Table]:
-    prepare(dsn)
+def run(
+    server: ThrowawayPostgres, before: Tree, after: Tree, *, seconds: float = 4.0, clients: int = 16
+) -> list[Table]:
+    trees = {"before": before, "after": after}
+    databases = {key: f"lease_{key}" for key in trees}
+    dsns = {key: migrated_database(server, databases[key], tree) for key, tree in trees.items()}
+    for dsn in dsns.values():
+        prepare(dsn)
     single = Table(
-        f"Lease acquire, one client ({seconds:g} s each)",
+        f"Lease acquire and release, one client ({seconds:g} s each)",
         [
             "approach",
             "acquisitions/s",
-            "ratio to ours",
-            "p50 ms",
-            "p99 ms",
+            "ratio to before",
+            "acquire p50 ms",
+            "acquire p99 ms",
+            "release p50 ms",
             "statements sent per acquisition (completed)",
             "server execution ms per acquisition",
             "WAL bytes per acquisition",
@@ -253,23 +321,32 @@ def run(dsn: str, dbname: str, *, seconds: float = 4.0, clients: int = 16) -> li
     )
     contended = Table(
         f"Lease acquire, {clients} client processes on one lock ({seconds:g} s each)",
-        ["approach", "mode", "answers/s", "acquisitions/s", "ratio to ours (answers/s)", "p50 ms", "p99 ms"],
+        [
+            "approach",
+            "mode",
+            "answers/s",
+            "acquisitions/s",
+            "ratio to before (answers/s)",
+            "p50 ms",
+            "p99 ms",
+        ],
     )
-    ours_rate = 0.0
-    ours_answers: dict[str, float] = {}
+    reference_rate = 0.0
+    reference_answers: dict[str, float] = {}
     for index, approach in enumerate(APPROACHES):
+        dsn = dsns[approach.schema]
         reset_lock(dsn, approach)
         sample = client_loop(dsn, index, "solo", seconds, 0.0, time.time())
         rate = sample.wins / sample.seconds
-        ours_rate = ours_rate or rate
-        cost = cost_per_acquisition(dsn, dbname, approach, 2000)
-        lat = sample.latencies or []
+        reference_rate = reference_rate or rate
+        cost = cost_per_acquisition(dsn, databases[approach.schema], approach, 2000)
         single.add(
             approach.name,
             f"{rate:.0f}",
-            f"{rate / ours_rate:.2f}",
-            ms(percentile(lat, 0.5)),
-            ms(percentile(lat, 0.99)),
+            f"{rate / reference_rate:.2f}",
+            ms(percentile(sample.latencies, 0.5)),
+            ms(percentile(sample.latencies, 0.99)),
+            ms(percentile(sample.release_latencies, 0.5)),
             f"{cost.sent:.2f} ({cost.completed:.2f})",
             f"{cost.server_ms:.3f}",
             f"{cost.wal_bytes:.0f}",
@@ -281,27 +358,30 @@ def run(dsn: str, dbname: str, *, seconds: float = 4.0, clients: int = 16) -> li
             span = max(s.seconds for s in samples)
             answers = sum(s.calls for s in samples) / span
             wins = sum(s.wins for s in samples) / span
-            ours_answers.setdefault(mode, answers)
-            lat = [x for s in samples for x in (s.latencies or [])]
+            reference_answers.setdefault(mode, answers)
+            latencies = [x for s in samples for x in s.latencies]
             contended.add(
                 approach.name,
                 mode,
                 f"{answers:.0f}",
                 f"{wins:.0f}",
-                f"{answers / ours_answers[mode]:.2f}",
-                ms(percentile(lat, 0.5)),
-                ms(percentile(lat, 0.99)),
+                f"{answers / reference_answers[mode]:.2f}",
+                ms(percentile(latencies, 0.5)),
+                ms(percentile(latencies, 0.99)),
             )
     single.notes.append(
-        "Statements sent: every statement the client sends per acquisition, i.e. round trips, counted at the"
-        " client; it includes a refused INSERT and the release statement the advisory locks need before the"
-        " next acquisition. In brackets: statements the server completed (pg_stat_statements, top level;"
-        " it leaves out failed ones and transaction control). WAL: bytes of WAL written per acquisition"
-        " over 2,000 acquisitions after a CHECKPOINT (full-page images included). Server execution:"
-        " pg_stat_statements' execution time of those statements, without the commit's WAL flush."
+        "Every approach takes the lock and lets it go (two holders in turn, so each acquisition is a"
+        f" takeover); guardedcron's leases are {LEASE:g} s, the shortest acquire_v2 grants."
+        " Statements sent: every statement the client sends per acquisition, release included, i.e."
+        " round trips, counted at the client (a refused INSERT counts). In brackets: statements the"
+        " server completed (pg_stat_statements, top level; it leaves out failed ones and transaction"
+        " control). Server execution: pg_stat_statements' execution time of those statements, without"
+        " the commit's WAL flush. WAL: bytes written per acquisition over 2,000 acquisitions after a"
+        " CHECKPOINT (full-page images included). Before: schema 2, migrated by the code of"
+        f" {before.label}; after: the working tree's schema, on the same server."
     )
     contended.notes.append(
-        "churn: every winner lets go at once (lease of 1 µs, or immediate unlock/commit), so every call can"
-        " win; held: each winner keeps the lock 100 ms, so most calls lose. Latency is per acquire call."
+        "churn: every winner lets go at once, so every call can win; held: each winner keeps the lock"
+        " 100 ms, so most calls lose. Latency is per acquire call."
     )
     return [single, contended]

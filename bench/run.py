@@ -4,8 +4,10 @@
     .venv/bin/python -m bench.run --only lease cold     # some sections
     .venv/bin/python -m bench.run --out /tmp/bench.md   # also write the Markdown to a file
 
-Sections: lease (acquire vs the peers' patterns), contention (100 connections, 20
-processes), cold (guard cold start and its imports), history (a year of a one-minute job).
+Sections: lease (acquire before and after issue 10, and vs the peers' patterns),
+contention (100 connections, 20 processes), cold (guard cold start before and after, its
+phases and imports), history (a year of a one-minute job). "Before" is the code of
+`--before` (default: bench.common.BEFORE_COMMIT), from git, beside the working tree.
 Benchmarks print figures; nothing here passes or fails.
 """
 
@@ -17,7 +19,7 @@ import sys
 from pathlib import Path
 
 from bench import cold_start, contention, history_scale, lease_acquire
-from bench.common import durable_server, fresh_database, machine_line
+from bench.common import BEFORE_COMMIT, durable_server, fresh_database, machine_line, trees
 
 SECTIONS = ("lease", "contention", "cold", "history")
 
@@ -26,6 +28,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--out", type=Path, help="also write the Markdown here")
+    parser.add_argument("--before", default=BEFORE_COMMIT, help="the commit to compare the working tree with")
+    parser.add_argument("--runs", type=int, default=30, help="cold section: runs of each version")
     args = parser.parse_args()
     out: list[str] = []
 
@@ -33,17 +37,17 @@ def main() -> int:
         print(text, flush=True)
         out.append(text)
 
-    with durable_server() as server:
+    with durable_server() as server, trees(args.before) as (before, after):
         emit(f"Machine: {machine_line(server)}\n")
         emit(f"Command: `.venv/bin/python -m bench.run {shlex.join(sys.argv[1:])}`\n")
         if "lease" in args.only:
-            for table in lease_acquire.run(fresh_database(server, "lease"), "lease"):
+            for table in lease_acquire.run(server, before, after):
                 emit(table.markdown())
         if "contention" in args.only:
             for table in contention.run(fresh_database(server, "contention")):
                 emit(table.markdown())
         if "cold" in args.only:
-            for table in cold_start.run(fresh_database(server, "cold")):
+            for table in cold_start.run(server, before, after, runs=args.runs):
                 emit(table.markdown())
         if "history" in args.only:
             tables, plans = history_scale.run(fresh_database(server, "history"))
