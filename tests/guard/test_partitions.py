@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -30,7 +31,7 @@ from psycopg.conninfo import conninfo_to_dict
 from guardedcron.contract import ACQUIRE_CALL_SECONDS, HOLDER_CALL_SECONDS, KEEPER_STOP_SECONDS
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.lease import AcquireRequest, AcquireResult
-from tests.conftest import Proxied
+from tests.support.toxiproxy import Proxied
 from tests.support import GUARDEDCRON, run_cli
 
 LOCK = "job"
@@ -134,18 +135,20 @@ def test_a_keeper_that_never_hears_from_the_database_reports_the_loss_before_the
     keeper's first renewal hangs, and the loss is reported while the lease still runs
     (counted from the acquire, lease.json: 8 s leave a loaded machine time to start it)."""
     lease_seconds = 8.0
-    holder = acquire_directly(dsn, "a", lease_seconds)
-    assert holder.locked_until is not None
-    proxied.proxy.blackhole()
     out, termination_log = tmp_path / "run", tmp_path / "termination-log"
-    keeper = start_keeper(proxied.dsn, holder.fence, out, termination_log, lease_seconds)
+    acquired = run_cli(["acquire", "--lock", LOCK, "--holder", "a", "--lease-seconds", f"{lease_seconds:g}",
+                        "--out", str(out)], dsn=dsn)
+    assert acquired.code == 0, acquired.stderr
+    lease_ends = datetime.fromisoformat(str(acquired.json["locked_until"])).timestamp()
+    proxied.proxy.blackhole()
+    keeper = start_keeper(proxied.dsn, int(str(acquired.json["fence"])), out, termination_log, lease_seconds)
     _, stderr = keeper.communicate(timeout=30)
     exited_at = time.time()
     assert keeper.returncode == 76, stderr
     # The marker is what counts: written before the lease ends (the same machine's clock).
-    assert (out / "lost").stat().st_mtime < holder.locked_until.timestamp()
+    assert (out / "lost").stat().st_mtime < lease_ends
     assert "LEASE LOST" in stderr and "could not renew" in stderr
-    assert exited_at < holder.locked_until.timestamp() + SLACK_SECONDS
+    assert exited_at < lease_ends + SLACK_SECONDS
     assert password_of(dsn) not in stderr
 
 
