@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from guardedcron.contract import ENV_DSN
 
@@ -34,6 +34,8 @@ _PASSWORD_SETTING = re.compile(
 _URI_USERINFO = re.compile(r"^postgres(?:ql)?://([^@/?#]*)@", re.IGNORECASE)
 
 _PERCENT_ESCAPE = re.compile(r"(?:%[0-9a-fA-F]{2})+")
+
+_DSN_OPTIONS = {"--dsn", "--ds", "--d", "--dns"}
 
 _registered: set[str] = set()
 
@@ -67,11 +69,17 @@ def passwords_in(dsn: str) -> list[str]:
     return found
 
 
-def hide_for_this_run(argv: Iterable[str]) -> None:
+def hide_for_this_run(argv: Sequence[str]) -> None:
     """Start a command: the connection strings among its arguments (and their passwords)
-    are hidden in every message from now on, and nothing of an earlier run in this process."""
+    are hidden in every message from now on, and nothing of an earlier run in this process.
+    A value given to --dsn (or an abbreviation argparse accepts, or the typo --dns) is one
+    whatever it looks like."""
     _registered.clear()
     hide(arg for arg in argv if looks_like_dsn(arg))
+    for index, arg in enumerate(argv):
+        name, equals, value = arg.partition("=")
+        if name in _DSN_OPTIONS:
+            hide([value] if equals else argv[index + 1 : index + 2])
 
 
 def hide(values: Iterable[str | None]) -> None:
