@@ -510,7 +510,8 @@ def test_arguments_in_any_order_and_place_keep_the_contract(
             "acquire",
             "renew",
             "x",
-            "5",
+            "1",
+            "0.2",
             dsn,
             CLOSED_DSN,
             *UNPARSEABLE_DSNS[:-1],  # the last is the bare password: secret only as a DSN
