@@ -75,6 +75,10 @@ RETAIN_RUNS = 100_000_000  # keep every attempt: the checks read them all
 SKEWS = ("+45s", "-45s", "+10m", "-10m", "+3h", "-3h", "+1d", "-1d", "+400d", "-400d")
 SKEW_SHARE = 0.3
 ROUND_INTERVAL = 0.1  # seconds between the starts of a connection lane's rounds, at least
+# The most outstanding items a paced lane (connection, network) lets pile up: its rounds
+# come every 0.1 s whether or not the holder is done, and on a loaded machine a holder
+# that must work until nothing is outstanding could otherwise never finish.
+OUTSTANDING_CAP = 12
 NETWORK_SEATS = 6  # per network lane: a partitioned holder keeps its seat until healed
 # Where a network fault strikes a holder: between batches (its renewal goes first), or
 # inside a fenced transaction (after its read). Contenders are also struck mid-acquire.
@@ -297,7 +301,7 @@ class Chaos:
                 time.sleep(max(0.0, next_round - time.monotonic()))
                 next_round = time.monotonic() + ROUND_INTERVAL
                 round_no += 1
-                self.admin.run(lambda c: enqueue(c, lock, rng.randint(2, 6)))
+                self.admin.run(lambda c: enqueue(c, lock, rng.randint(2, 6), outstanding_cap=OUTSTANDING_CAP))
                 with self._gate:  # stand still while a burst's losers answer
                     pass
                 size = rng.randint(2, 4)
@@ -448,7 +452,7 @@ class Chaos:
                 next_round = time.monotonic() + ROUND_INTERVAL
                 round_no += 1
                 # Fewer items than the other lanes: a round here is about the fault, not the work.
-                self.admin.run(lambda c: enqueue(c, lock, rng.randint(1, 4)))
+                self.admin.run(lambda c: enqueue(c, lock, rng.randint(1, 4), outstanding_cap=OUTSTANDING_CAP))
                 with self._gate:  # stand still while a burst's losers answer
                     pass
                 size = rng.randint(2, 3)

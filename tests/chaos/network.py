@@ -107,8 +107,12 @@ class Strike:
         self._timer: threading.Timer | None = None
 
     def apply(self) -> None:
-        for toxic in self.fault.toxics:
-            self.proxy.add_toxic(toxic.type, toxic.stream, **toxic.attributes)
+        try:
+            for toxic in self.fault.toxics:
+                self.proxy.add_toxic(toxic.type, toxic.stream, **toxic.attributes)
+        except BaseException:
+            self.proxy.clear()  # never leave half a fault behind on a seat
+            raise
         self.applied = True
         self._timer = threading.Timer(self.fault.window_seconds, self._heal)
         self._timer.daemon = True

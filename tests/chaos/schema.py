@@ -108,20 +108,28 @@ def create_schema(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
     conn.execute(SCHEMA_SQL.encode())
 
 
-def enqueue(conn: psycopg.Connection[tuple[Any, ...]], lock: str, count: int) -> list[int]:
-    """Add `count` new items of outstanding work for `lock`; returns their ids."""
+def enqueue(
+    conn: psycopg.Connection[tuple[Any, ...]], lock: str, count: int, *, outstanding_cap: int | None = None
+) -> list[int]:
+    """Add `count` new items of outstanding work for `lock`; returns their ids.
+
+    With `outstanding_cap`, add only as many as keep the lock's outstanding items within it:
+    rounds that come at a pace must not outrun a holder slowed by a loaded machine, or its
+    job (which works until nothing is outstanding) would never end."""
     rows = conn.execute(
         """
-        WITH new AS (
+        WITH room AS (
+            SELECT least(%(count)s, %(cap)s - count(*)) AS n FROM chaos.queue WHERE lock_name = %(lock)s
+        ), new AS (
             INSERT INTO chaos.ledger (lock_name)
-            SELECT %s FROM generate_series(1, %s)
+            SELECT %(lock)s FROM room, generate_series(1, room.n)
             RETURNING item, lock_name
         )
         INSERT INTO chaos.queue (item, lock_name, state)
         SELECT item, lock_name, 'pending' FROM new
         RETURNING item
         """,
-        (lock, count),
+        {"lock": lock, "count": count, "cap": count if outstanding_cap is None else outstanding_cap},
     ).fetchall()
     return [int(r[0]) for r in rows]
 
