@@ -45,8 +45,8 @@ sys.path.insert(0, str(REPO))
 
 import kmock  # noqa: E402
 import kopf  # noqa: E402
-from tests.operator.emulator import GuardedEmulator  # noqa: E402
-from tests.unit.gcj_fixtures import base_gcj  # noqa: E402
+from tests.support.emulator import GuardedEmulator  # noqa: E402
+from tests.support.gcj import base_gcj  # noqa: E402
 
 from bench.common import cpu_seconds, percentile, rss_mib  # noqa: E402
 from guardedcron import contract  # noqa: E402

@@ -6,16 +6,14 @@ import compileall
 import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from guardedcron.devenv.postgres import ThrowawayPostgres
-from guardedcron.devenv.toxiproxy import Proxy, Toxiproxy
+from guardedcron.devenv.toxiproxy import Toxiproxy
+from tests.support.toxiproxy import Proxied, proxy_in_front
 
 # --- where timed checks run --------------------------------------------------------------
 QUIET_MACHINE = "quiet_machine"
@@ -80,26 +78,6 @@ def toxiproxy() -> Iterator[Toxiproxy]:
     the test with go's output; it is never skipped)."""
     with Toxiproxy() as server:
         yield server
-
-
-class Proxied(NamedTuple):
-    proxy: Proxy
-    dsn: str  # the test's database, reached through the proxy
-
-    def __repr__(self) -> str:  # the DSN carries the password: keep it out of test reports
-        return f"Proxied(proxy={self.proxy.name!r}, dsn=<through 127.0.0.1:{self.proxy.listen_port}>)"
-
-
-@contextmanager
-def proxy_in_front(toxiproxy: Toxiproxy, dsn: str) -> Iterator[Proxied]:
-    """A fresh proxy in front of `dsn`'s server; removed (with its toxics) afterwards."""
-    params = conninfo_to_dict(dsn)
-    proxy = toxiproxy.proxy(f"pg_{uuid.uuid4().hex[:12]}", f"{params['host']}:{params['port']}")
-    try:
-        yield Proxied(proxy, proxy.dsn_for(dsn))
-    finally:
-        proxy.clear()
-        proxy.delete()
 
 
 @pytest.fixture

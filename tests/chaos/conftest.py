@@ -16,7 +16,7 @@ from guardedcron.devenv.postgres import ThrowawayPostgres
 from guardedcron.devenv.toxiproxy import Toxiproxy
 from tests.chaos.plan import Plan, add_options, plan_from_options
 from tests.chaos.schema import create_database
-from tests.conftest import Proxied, proxy_in_front
+from tests.support.toxiproxy import Proxied, proxy_in_front
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

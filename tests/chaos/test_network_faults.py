@@ -23,7 +23,7 @@ from tests.chaos.network import bounded_dsn
 from tests.chaos.schema import enqueue
 from tests.chaos.test_single_faults import admin, findings, run_outcomes, take
 from tests.chaos.work import Holding, Job, Refused
-from tests.conftest import Proxied
+from tests.support.toxiproxy import Proxied
 
 pytestmark = pytest.mark.chaos
 Connection = psycopg.Connection[tuple[Any, ...]]

@@ -16,7 +16,7 @@ import pytest
 from guardedcron.devenv.binaries import Paths, ensure_binaries
 from guardedcron.devenv.controlplane import ControlPlane
 from guardedcron.devenv.postgres import ThrowawayPostgres
-from tests.e2e.harness import FAILURE_LOGS, Cluster, Scenario, WorkDb
+from tests.e2e.harness import EAST, FAILURE_LOGS, WEST, Cluster, Scenario, WorkDb
 from tests.e2e.operator_process import OperatorProcess
 
 StartControlPlane = Callable[[str], ControlPlane]
@@ -93,10 +93,6 @@ def control_plane(control_plane_factory: StartControlPlane) -> ControlPlane:
 
 
 # --- the guardedcron scenarios: two clusters, one database ---------------------------------
-
-# Cluster names double as GUARDEDCRON_CLUSTER_NAME, the prefix of every lease holder.
-EAST, WEST = "east", "west"
-
 
 @pytest.fixture(scope="session")
 def e2e_db(postgres: ThrowawayPostgres) -> WorkDb:

@@ -48,6 +48,8 @@ GUARDEDCRON = str(VENV_BIN / "guardedcron")
 GUARD_IMAGE = DEFAULT_GUARD_IMAGE  # what the operator and `render` put into CronJobs
 WORKLOAD_IMAGE = "localhost/guardedcron-e2e-workload:dev"
 WORKLOAD_CONTAINER = "work"
+# Cluster names double as GUARDEDCRON_CLUSTER_NAME, the prefix of every lease holder.
+EAST, WEST = "east", "west"
 DSN_SECRET = "e2e-db"
 DSN_KEY = "dsn"
 # A stalled workload outlives its pod's deadline within the grace period, as with a kubelet.

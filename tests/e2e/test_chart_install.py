@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from guardedcron.devenv.controlplane import ControlPlane
-from tests.packaging.chart import CHART, HelmResult, helm
+from tests.support.chart import CHART, HelmResult, helm
 
 pytestmark = pytest.mark.e2e
 

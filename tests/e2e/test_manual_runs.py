@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from guardedcron import contract
-from tests.e2e.conftest import EAST
-from tests.e2e.harness import GUARDEDCRON, Cluster, Scenario, guarded_cronjob, job_condition, lock_of
+from tests.e2e.harness import EAST, GUARDEDCRON, Cluster, Scenario, guarded_cronjob, job_condition, lock_of
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.test_operator import (
     NAME,

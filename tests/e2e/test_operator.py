@@ -17,9 +17,10 @@ import pytest
 
 from guardedcron import contract
 from guardedcron.builders import SKIP_RULE_INDEX
-from tests.e2e.conftest import EAST, WEST
 from tests.e2e.harness import (
+    EAST,
     FAILURE_LOGS,
+    WEST,
     Cluster,
     Scenario,
     current_slot,

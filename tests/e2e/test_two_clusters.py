@@ -17,8 +17,9 @@ import pytest
 
 from guardedcron import contract
 from guardedcron.builders import SKIP_RULE_INDEX
-from tests.e2e.conftest import EAST, WEST
 from tests.e2e.harness import (
+    EAST,
+    WEST,
     WORKLOAD_CONTAINER,
     Cluster,
     Scenario,

@@ -31,8 +31,8 @@ from psycopg.conninfo import conninfo_to_dict
 from guardedcron.contract import ACQUIRE_CALL_SECONDS, HOLDER_CALL_SECONDS, KEEPER_STOP_SECONDS
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.lease import AcquireRequest, AcquireResult
-from tests.support.toxiproxy import Proxied
 from tests.support import GUARDEDCRON, run_cli
+from tests.support.toxiproxy import Proxied
 
 LOCK = "job"
 KEEP_LEASE_SECONDS = 6.0

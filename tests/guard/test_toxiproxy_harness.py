@@ -12,7 +12,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from guardedcron.devenv.toxiproxy import Proxy, ToxiproxyError
-from tests.conftest import Proxied
+from tests.support.toxiproxy import Proxied
 
 # libpq bounds for connections opened here. Note that a Toxiproxy blackhole is invisible
 # to TCP-level bounds (tcp_user_timeout, keepalives): the proxy's kernel acknowledges every

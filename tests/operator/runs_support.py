@@ -1,5 +1,5 @@
 """Runs in the emulator: Jobs and Pods shaped as the API server returns them (from
-tests/unit/status_objects.py), stored through the API, and a pass that sees them the
+tests/support/status_objects.py), stored through the API, and a pass that sees them the
 way the operator's indexes do (every owned Job and Pod of the GuardedCronJob)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from guardedcron.handlers.observe import Observed, trimmed
 from guardedcron.handlers.reconcile import PassResult, reconcile
 from guardedcron.kube import JOBS, PODS, KubeClient
 from guardedcron.spec import Settings
-from tests.operator.conftest import SETTINGS, observe_api
+from tests.operator.passes import SETTINGS, observe_api
 
 OWNED_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY_VALUE}"
 

@@ -15,8 +15,8 @@ from guardedcron.kube import (
     NotFound,
     Unauthorized,
 )
-from tests.operator.conftest import server_url
-from tests.operator.emulator import GuardedEmulator
+from tests.operator.passes import server_url
+from tests.support.emulator import GuardedEmulator
 
 NS = "team"
 

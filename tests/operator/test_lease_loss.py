@@ -17,13 +17,13 @@ from guardedcron.handlers.context import OperatorContext, PassMemory
 from guardedcron.handlers.registry import build_registry
 from guardedcron.kube import KubeClient
 from guardedcron.spec import Settings
-from tests.operator.conftest import SETTINGS, T0, FakeClock, create_gcj, one_pass
-from tests.operator.emulator import GuardedEmulator
+from tests.operator.passes import SETTINGS, create_gcj, eventually, one_pass
 from tests.operator.runs_support import full_pass, store_run
-from tests.operator.test_operator_runs import eventually, kubeconfig  # noqa: F401 (a fixture)
-from tests.unit import status_objects as k
-from tests.unit.gcj_fixtures import base_gcj, put
-from tests.unit.status_world import Runs
+from tests.support import status_objects as k
+from tests.support.clock import T0, FakeClock
+from tests.support.emulator import GuardedEmulator
+from tests.support.gcj import base_gcj, put
+from tests.support.status_world import Runs
 
 NS, NAME = k.NAMESPACE, k.CRONJOB
 POD_RES, GCJ_RES = "v1/pods", "guardedcron.io/v1alpha1/guardedcronjobs"

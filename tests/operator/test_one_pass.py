@@ -15,12 +15,13 @@ import pytest
 from guardedcron.handlers.context import PassMemory
 from guardedcron.kube import GUARDED_CRONJOBS, JOBS, PODS, KubeClient
 from guardedcron.status import RunRecord
-from tests.operator.conftest import T0, create_gcj, one_pass
-from tests.operator.emulator import GuardedEmulator
+from tests.operator.passes import create_gcj, one_pass
 from tests.operator.runs_support import full_pass, store_run
-from tests.unit import status_objects as k
-from tests.unit.gcj_fixtures import base_gcj, put
-from tests.unit.status_world import Runs
+from tests.support import status_objects as k
+from tests.support.clock import T0
+from tests.support.emulator import GuardedEmulator
+from tests.support.gcj import base_gcj, put
+from tests.support.status_world import Runs
 
 NS, NAME = k.NAMESPACE, k.CRONJOB
 AT = T0 - timedelta(minutes=20)

@@ -9,10 +9,9 @@ kubeconfig (`$KUBECONFIG`) read by the operator's login handler.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,37 +25,13 @@ from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.registry import build_registry
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient
 from guardedcron.spec import Settings
-from tests.operator.conftest import SETTINGS, FakeClock, create_gcj, server_url
-from tests.operator.emulator import GuardedEmulator
-from tests.unit.gcj_fixtures import base_gcj, put
+from tests.operator.passes import SETTINGS, create_gcj, eventually
+from tests.support.clock import FakeClock
+from tests.support.emulator import GuardedEmulator
+from tests.support.gcj import base_gcj, put
 
 NS = "billing"
 GCJ_RES, CJ_RES = "guardedcron.io/v1alpha1/guardedcronjobs", "batch/v1/cronjobs"
-WAIT_SECONDS = 20
-
-
-@pytest.fixture
-def kubeconfig(api: GuardedEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({  # JSON is YAML
-        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-        "clusters": [{"name": "emulator", "cluster": {"server": server_url(api)}}],
-        "users": [{"name": "tester", "user": {"token": "not-checked"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
-    }))
-    monkeypatch.setenv("KUBECONFIG", str(path))
-    yield path
-
-
-async def eventually(check: Callable[[], Any], what: str) -> Any:
-    deadline = asyncio.get_running_loop().time() + WAIT_SECONDS
-    while True:
-        result = check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def ready(api: GuardedEmulator, name: str) -> bool:

@@ -20,13 +20,14 @@ from guardedcron.guard.lease import AcquireRequest
 from guardedcron.handlers.context import PassMemory
 from guardedcron.handlers.outcomes import APPLICATION_NAME, RECORDING_TIMEOUT_SECONDS
 from guardedcron.kube import SECRETS, KubeClient
-from tests.conftest import Proxied
-from tests.operator.conftest import T0, create_gcj, one_pass
-from tests.operator.emulator import GuardedEmulator
+from tests.operator.passes import create_gcj, one_pass
 from tests.operator.runs_support import full_pass, store_run
-from tests.unit import status_objects as k
-from tests.unit.gcj_fixtures import base_gcj
-from tests.unit.status_world import Runs
+from tests.support import status_objects as k
+from tests.support.clock import T0
+from tests.support.emulator import GuardedEmulator
+from tests.support.gcj import base_gcj
+from tests.support.status_world import Runs
+from tests.support.toxiproxy import Proxied
 
 NS, NAME, LOCK = k.NAMESPACE, k.CRONJOB, f"{k.NAMESPACE}/{k.CRONJOB}"
 AT = T0 - timedelta(minutes=10)

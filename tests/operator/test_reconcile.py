@@ -18,9 +18,10 @@ from guardedcron.handlers.context import PassMemory
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient
 from guardedcron.kube.ssa import first_difference
 from guardedcron.spec import parse_guarded_cronjob
-from tests.operator.conftest import SETTINGS, T0, FakeClock, create_gcj, one_pass
-from tests.operator.emulator import GuardedEmulator
-from tests.unit.gcj_fixtures import base_gcj, put
+from tests.operator.passes import SETTINGS, create_gcj, one_pass
+from tests.support.clock import T0, FakeClock
+from tests.support.emulator import GuardedEmulator
+from tests.support.gcj import base_gcj, put
 
 NS, NAME = "billing", "nightly-invoices"
 GCJ_RES, CJ_RES = "guardedcron.io/v1alpha1/guardedcronjobs", "batch/v1/cronjobs"

@@ -18,10 +18,11 @@ from guardedcron.cli.main import main
 from guardedcron.handlers.context import PassMemory
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, JOBS, KubeClient
 from guardedcron.status.runs import is_manual
-from tests.operator.conftest import T0, create_gcj, one_pass, server_url
-from tests.operator.emulator import GuardedEmulator
+from tests.operator.passes import create_gcj, one_pass, server_url
 from tests.operator.runs_support import full_pass
-from tests.unit.gcj_fixtures import base_gcj, put
+from tests.support.clock import T0
+from tests.support.emulator import GuardedEmulator
+from tests.support.gcj import base_gcj, put
 
 NS, NAME = "billing", "nightly-invoices"
 GCJ_RES, JOB_RES = "guardedcron.io/v1alpha1/guardedcronjobs", "batch/v1/jobs"

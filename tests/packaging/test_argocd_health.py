@@ -10,7 +10,7 @@ import pytest
 import yaml
 from lupa import lua51
 
-from tests.packaging.chart import REPO
+from tests.support.chart import REPO
 
 CHECK = REPO / "docs" / "argocd" / "resource_customizations" / "guardedcron.io" / "GuardedCronJob"
 CASES = yaml.safe_load((CHECK / "health_test.yaml").read_text())["tests"]

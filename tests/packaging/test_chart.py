@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.packaging.chart import (
+from tests.support.chart import (
     CHART,
     RELEASE_NAMESPACE,
     VALUE_SETS,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.packaging.chart import CHART, REPO, by_kind, helm, render
+from tests.support.chart import CHART, REPO, by_kind, helm, render
 
 SOURCE = REPO / "crds"
 

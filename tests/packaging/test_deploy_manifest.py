@@ -6,7 +6,7 @@ import importlib.util
 
 import yaml
 
-from tests.packaging.chart import REPO
+from tests.support.chart import REPO
 
 
 def test_operator_manifest_equals_the_rendered_chart() -> None:

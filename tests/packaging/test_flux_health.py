@@ -10,8 +10,8 @@ import celpy
 import pytest
 import yaml
 
-from tests.packaging.chart import REPO
 from tests.packaging.test_argocd_health import CASES, CHECK
+from tests.support.chart import REPO
 
 KUSTOMIZATION = REPO / "docs" / "flux" / "kustomization.yaml"
 # Argo CD's verdict -> the kstatus verdict Flux should reach.

@@ -8,7 +8,7 @@ from typing import Any
 import promql_parser
 import pytest
 
-from tests.packaging.chart import REPO, one, render
+from tests.support.chart import REPO, one, render
 
 ALERTS = {
     "GuardedCronJobMissedRun", "GuardedCronJobOverlap", "GuardedCronJobNoRecentSuccess",

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.packaging.chart import RELEASE_NAMESPACE, VALUE_SETS, by_kind, render
+from tests.support.chart import RELEASE_NAMESPACE, VALUE_SETS, by_kind, render
 
 Grant = tuple[str, str, str]  # (API group, resource, verb)
 

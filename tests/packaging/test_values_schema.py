@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.packaging.chart import CHART, helm, template
+from tests.support.chart import CHART, helm, template
 
 # (case id, values, the location helm must name in its message)
 BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from guardedcron.devenv.tools import ensure_helm
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "guardedcron"
 RELEASE = "gc"
 RELEASE_NAMESPACE = "guardedcron-system"

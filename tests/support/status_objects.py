@@ -20,6 +20,7 @@ import pytest
 
 from guardedcron import contract
 from guardedcron.guard.outputs import write_termination_message
+from tests.support.gcj import base_gcj
 
 NAMESPACE = "billing"
 CRONJOB = "nightly-invoices"
@@ -247,8 +248,6 @@ def holder_of(job_body: dict[str, Any], suffix: str = "q7xkz") -> str:
 
 def gcj_body(*, created: datetime, generation: int = 1, spec: dict[str, Any] | None = None,
              status: dict[str, Any] | None = None) -> dict[str, Any]:
-    from tests.unit.gcj_fixtures import base_gcj
-
     body = base_gcj()
     body["metadata"] |= {"generation": generation, "creationTimestamp": ts(created), "uid": GCJ_UID}
     if spec:

@@ -12,8 +12,8 @@ from guardedcron import contract
 from guardedcron.builders import build_cronjob
 from guardedcron.spec import ParsedSpec, SpecError, parse_guarded_cronjob
 from guardedcron.status import StatusChange, compute_status
-from tests.unit import status_objects as k
-from tests.unit.gcj_fixtures import DEFAULT_SETTINGS, put
+from tests.support import status_objects as k
+from tests.support.gcj import DEFAULT_SETTINGS, put
 
 CREATED = datetime(2025, 5, 1, tzinfo=UTC)
 CEST = timedelta(hours=2)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from guardedcron.spec import SpecError, settings_from_env
-from tests.unit.gcj_fixtures import DELETE, UID, base_gcj, build, get, put
+from tests.support.gcj import DELETE, UID, base_gcj, build, get, put
 
 POD = "spec.jobTemplate.spec.template.spec"
 USER_POD = "spec.jobTemplate.spec.template.spec"  # the same path in the GuardedCronJob
@@ -424,7 +424,7 @@ def test_input_is_not_changed() -> None:
 def test_building_twice_from_one_parse_gives_the_same_object() -> None:
     from guardedcron.builders import build_cronjob
     from guardedcron.spec import parse_guarded_cronjob
-    from tests.unit.gcj_fixtures import DEFAULT_SETTINGS
+    from tests.support.gcj import DEFAULT_SETTINGS
 
     parsed = parse_guarded_cronjob(base_gcj())
     first = build_cronjob(parsed, DEFAULT_SETTINGS)

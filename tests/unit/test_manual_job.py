@@ -20,8 +20,8 @@ from guardedcron.builders.manual import (
     trigger_token_problem,
 )
 from guardedcron.status.runs import is_manual, scheduled_slot
-from tests.unit.gcj_fixtures import base_gcj, put
-from tests.unit.status_world import live_cronjob
+from tests.support.gcj import base_gcj, put
+from tests.support.status_world import live_cronjob
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.unit.gcj_fixtures import README_EXAMPLE
+from tests.support.gcj import README_EXAMPLE
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

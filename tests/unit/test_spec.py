@@ -20,7 +20,7 @@ from guardedcron.spec import (
     parse_guarded_cronjob,
     settings_from_env,
 )
-from tests.unit.gcj_fixtures import DELETE, README_EXAMPLE, UID, base_gcj, put
+from tests.support.gcj import DELETE, README_EXAMPLE, UID, base_gcj, put
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "guardedcronjobs.guardedcron.io.yaml"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from guardedcron.spec import SpecError, apply_schema_defaults, parse_guarded_cronjob
-from tests.unit.gcj_fixtures import DELETE, base_gcj, put
+from tests.support.gcj import DELETE, base_gcj, put
 from tests.unit.test_spec import INVALID
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from guardedcron.status import get_condition, status_changed, status_patch
-from tests.unit import status_objects as k
-from tests.unit.status_world import Runs, compute, live_cronjob, slot, the_gcj
+from tests.support import status_objects as k
+from tests.support.status_world import Runs, compute, live_cronjob, slot, the_gcj
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 
 from guardedcron.observability import build_event, event_name
 from guardedcron.status import EventReason, RunEvent
-from tests.unit import status_objects as k
-from tests.unit.status_world import Runs, compute_change, slot, the_gcj
+from tests.support import status_objects as k
+from tests.support.status_world import Runs, compute_change, slot, the_gcj
 
 NOW = datetime(2025, 5, 10, 0, 45, 12, 345000, tzinfo=UTC)
 GCJ = the_gcj(created=slot(10) - timedelta(minutes=1))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from guardedcron.status.lease_loss import StopOrder, workloads_to_stop
-from tests.unit import status_objects as k
-from tests.unit.gcj_fixtures import put
-from tests.unit.status_world import Runs, compute, compute_change, slot, the_gcj
+from tests.support import status_objects as k
+from tests.support.gcj import put
+from tests.support.status_world import Runs, compute, compute_change, slot, the_gcj
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from guardedcron.observability import (
     start_metrics_server,
 )
 from guardedcron.status import EventReason
-from tests.unit import status_objects as k
-from tests.unit.status_world import Run, Runs, compute_change, slot, the_gcj
+from tests.support import status_objects as k
+from tests.support.status_world import Run, Runs, compute_change, slot, the_gcj
 
 GCJ = the_gcj(created=slot(10) - timedelta(minutes=1))
 LABELS = {"namespace": "billing", "name": k.CRONJOB}

@@ -16,8 +16,8 @@ import pytest
 
 from guardedcron.spec import ParsedSpec, parse_guarded_cronjob
 from guardedcron.status import MissedRun, Outcome, RunRecord, find_missed_run, schedule_period_seconds
-from tests.unit import status_objects as k
-from tests.unit.gcj_fixtures import DELETE, base_gcj, put
+from tests.support import status_objects as k
+from tests.support.gcj import DELETE, base_gcj, put
 
 LONG_AGO = datetime(2025, 1, 1, tzinfo=UTC)
 

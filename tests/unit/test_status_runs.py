@@ -10,7 +10,7 @@ import pytest
 
 from guardedcron import contract
 from guardedcron.status import Outcome, RunRecord, classify_run
-from tests.unit import status_objects as k
+from tests.support import status_objects as k
 
 SLOT = datetime(2025, 6, 2, 0, 30, tzinfo=UTC)  # 02:30 in Stockholm (CEST, +02:00)
 CEST = timedelta(hours=2)

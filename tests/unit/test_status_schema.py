@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.support import REPO
-from tests.unit.status_world import Runs, compute, slot, the_gcj
+from tests.support.status_world import Runs, compute, slot, the_gcj
 
 CRD = REPO / "crds" / "guardedcronjobs.guardedcron.io.yaml"
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from guardedcron.status import EventReason, StatusChange
-from tests.unit import status_objects as k
-from tests.unit.status_world import Run, Runs, compute_change, slot, the_gcj
+from tests.support import status_objects as k
+from tests.support.status_world import Run, Runs, compute_change, slot, the_gcj
 
 # Created just before the first slot the tests use, so no earlier slot is missed.
 GCJ = the_gcj(created=slot(10) - timedelta(minutes=1))

@@ -4,12 +4,12 @@ planes run until the session ends. Checked on a small suite collected by a real 
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.guard import test_cli
 from tests.support import REPO
 
 FILES = {
@@ -46,5 +46,12 @@ def test_timed_checks_run_first_and_the_e2e_suite_last(tmp_path: Path) -> None:
 
 
 def test_the_seeds_burst_check_is_a_quiet_machine_check() -> None:
-    check = test_cli.test_twenty_processes_one_winner_everyone_answered_within_five_seconds
-    assert "quiet_machine" in [mark.name for mark in getattr(check, "pytestmark", [])]
+    # Read from the guard suite's source (suites never import each other's modules).
+    path = REPO / "tests" / "guard" / "test_cli.py"
+    check = next(
+        node
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and node.name == "test_twenty_processes_one_winner_everyone_answered_within_five_seconds"
+    )
+    assert "pytest.mark.quiet_machine" in [ast.unparse(mark) for mark in check.decorator_list]
