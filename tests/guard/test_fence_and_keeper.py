@@ -195,7 +195,7 @@ def test_a_keeper_paused_past_its_lease_calls_it_lost_on_waking(dsn: str, tmp_pa
     assert keeper.returncode == 76, stderr
     # Past its deadline it cannot prove the lease is still its own: lost at once, no call first.
     assert noticed < 1.5 / 3 + 1.0, noticed
-    assert "could not renew before the lease could run out: the keeper ran" in stderr
+    assert "could not renew before the lease could run out: " in stderr
     lost = json.loads((out / "lost").read_text())
     assert lost["fence"] == 1 and "paused or starved" in lost["reason"]
     with psycopg.connect(dsn) as conn:

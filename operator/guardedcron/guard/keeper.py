@@ -162,9 +162,13 @@ class Keeper:
                 return self._release()
             sent = time.monotonic()
             if sent >= deadline:
-                # Renewals failed until now, or this process did not run in time (paused,
-                # starved): either way the lease can no longer be proven ours.
-                why = last_error or f"the keeper ran {sent - next_renewal:.1f} s late (paused or starved)"
+                # Renewals failed until now, or this process did not run in time (started
+                # late, paused, starved): either way the lease can no longer be proven ours.
+                why = last_error or (
+                    f"the keeper ran {sent - next_renewal:.1f} s late (paused or starved)"
+                    if self.renewals
+                    else "its first renewal came too late (the keeper started late, paused or starved)"
+                )
                 return self._lost(f"could not renew before the lease could run out: {why}", deadline)
             call = self._start(self._renew, deadline - sent)
             if not self._wait(call, deadline, stop_ends_wait=True):
