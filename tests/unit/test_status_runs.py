@@ -162,6 +162,7 @@ def test_timed_out_keeps_the_fence(message: Any) -> None:
     (69, "database unreachable", "cannot reach the database at db.internal:5432: connection refused"),
     (78, "database schema missing or outdated", "schema is missing: run `guardedcron db migrate`"),
     (64, "bad input", "--lease-seconds must be positive"),
+    (70, "internal error", "unexpected error (ValueError): ..."),
 ])
 def test_guard_errors(message: Any, exit_code: int, meaning: str, guard_reason: str) -> None:
     job = scheduled_job(conditions=k.failed_conditions(

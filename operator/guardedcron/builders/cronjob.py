@@ -18,7 +18,12 @@ from guardedcron.spec.reserved import owner_labels
 
 # Guard exit codes that fail the Job at once; podFailurePolicy needs them sorted and unique.
 GUARD_SKIP_EXIT_CODES = (contract.EXIT_NOT_ACQUIRED,)
-GUARD_ERROR_EXIT_CODES = (contract.EXIT_USAGE, contract.EXIT_UNAVAILABLE, contract.EXIT_SCHEMA)
+GUARD_ERROR_EXIT_CODES = (
+    contract.EXIT_USAGE,
+    contract.EXIT_UNAVAILABLE,
+    contract.EXIT_INTERNAL,
+    contract.EXIT_SCHEMA,
+)
 # Index of each rule in podFailurePolicy.rules: the Job's failure message names it
 # ("... matching FailJob rule at index N"), which tells a skip from a guard error.
 SKIP_RULE_INDEX = 0
