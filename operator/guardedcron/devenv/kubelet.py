@@ -5,26 +5,25 @@ what a kubelet would do: register a Node, bind pending pods to it, run each pod'
 containers as local processes in Kubernetes order (init containers one by one,
 native sidecars — init containers with restartPolicy Always — kept running and
 restarted if they exit, then the main containers; sidecars get SIGTERM after the
-main containers stop), resolve env from the downward API, Secrets and ConfigMaps,
-give each volume mount a host folder (and rewrite the mount path in command, args
-and env values), and patch the pod's status with real exit codes, reasons and
+main containers stop), and patch the pod's status with real exit codes, reasons and
 termination messages so the Job controller and the operator see true phases. Pods
 being deleted (the Job controller enforcing activeDeadlineSeconds, garbage
 collection) get SIGTERM, then SIGKILL.
 
+What each process starts with (argv, env from the downward API, Secrets and
+ConfigMaps, volume folders on the host) is resolved by `pod_spec.py`; this module is
+the processes' lifecycle and the status the kubelet reports.
+
 Images are not pulled: each image name maps to an `Image` with a host entrypoint
-and default args. Kubernetes rules apply: `command` replaces the entrypoint, `args`
-replace the default args. A container's termination message is read from the file
-named by $GUARDEDCRON_TERMINATION_LOG (the guard honours it) instead of
-/dev/termination-log; with FallbackToLogsOnError the tail of its output is used.
+and default args. A container's termination message is read from the file named by
+$GUARDEDCRON_TERMINATION_LOG (the guard honours it) instead of /dev/termination-log;
+with FallbackToLogsOnError the tail of its output is used.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -32,29 +31,20 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from guardedcron.devenv.admin_api import AdminApi, ApiError
+from guardedcron.devenv.pod_spec import Image, PodSpecResolver
+
+__all__ = ["MAX_GRACE_SECONDS", "NODE_NAME", "Image", "ProcessKubelet"]
 
 NODE_NAME = "process-kubelet"
 POLL_SECONDS = 0.3
 MAX_GRACE_SECONDS = 5.0
 TERMINATION_LOG_ENV = "GUARDEDCRON_TERMINATION_LOG"
-# "$$" is an escaped "$"; "$(NAME)" a variable reference (Kubernetes' expansion syntax).
-_VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
-_FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
-
-
-@dataclass(frozen=True)
-class Image:
-    """What a container image would run, as host commands."""
-
-    entrypoint: Sequence[str]
-    cmd: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def now_iso() -> str:
@@ -97,7 +87,9 @@ class ContainerRun:
 
 
 class PodRunner:
-    """Runs one pod to the end, reporting status after every change."""
+    """Runs one pod's processes to the end (init containers, sidecars, main containers,
+    signals), reporting status after every change; what each process starts with comes
+    from the pod's `PodSpecResolver`."""
 
     def __init__(self, kubelet: ProcessKubelet, pod: Mapping[str, Any]) -> None:
         self.kubelet = kubelet
@@ -107,7 +99,7 @@ class PodRunner:
         self.name: str = meta["name"]
         self.path = f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
         self.dir = Path(tempfile.mkdtemp(prefix=f"pod-{self.name}-", dir=kubelet.workdir))
-        self.volumes = self._make_volumes()
+        self.resolver = PodSpecResolver(kubelet.api, pod, kubelet.node_name, self.dir)
         self.deleting = threading.Event()
         self.lock = threading.Lock()
         spec = pod["spec"]
@@ -118,21 +110,6 @@ class PodRunner:
         self._main_done = False
 
     # --- setup -------------------------------------------------------------------
-    def _make_volumes(self) -> dict[str, Path]:
-        volumes: dict[str, Path] = {}
-        for volume in self.pod["spec"].get("volumes") or []:
-            host = self.dir / "volumes" / volume["name"]
-            host.mkdir(parents=True)
-            if "secret" in volume:
-                self._project_secret(volume["secret"], host)
-            volumes[volume["name"]] = host
-        return volumes
-
-    def _project_secret(self, source: Mapping[str, Any], host: Path) -> None:
-        secret = self.kubelet.api.get(f"/api/v1/namespaces/{self.namespace}/secrets/{source['secretName']}")
-        for key, value in (secret.get("data") or {}).items():
-            (host / key).write_bytes(base64.b64decode(value))
-
     def _container_run(self, spec: Mapping[str, Any]) -> ContainerRun:
         return ContainerRun(
             name=spec["name"],
@@ -140,84 +117,6 @@ class PodRunner:
             log=self.dir / f"{spec['name']}.log",
             termination_file=self.dir / f"{spec['name']}.termination-log",
         )
-
-    # --- environment, argv ----------------------------------------------------------
-    def _mounts(self, spec: Mapping[str, Any]) -> list[tuple[str, Path]]:
-        mounts = []
-        for mount in spec.get("volumeMounts") or []:
-            host = self.volumes.get(mount["name"])
-            if host is None:
-                raise RuntimeError(f"volume {mount['name']!r} is not defined in the pod")
-            sub = mount.get("subPath")
-            mounts.append((mount["mountPath"].rstrip("/"), host / sub if sub else host))
-        # Longest first, so /a/b is rewritten before /a.
-        return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
-
-    @staticmethod
-    def _rewrite(value: str, mounts: list[tuple[str, Path]]) -> str:
-        for mount_path, host in mounts:
-            value = value.replace(mount_path, str(host))
-        return value
-
-    def _env(self, spec: Mapping[str, Any], image: Image) -> dict[str, str]:
-        env: dict[str, str] = dict(image.env)
-        for source in spec.get("envFrom") or []:
-            prefix = source.get("prefix", "")
-            if "secretRef" in source:
-                data = self._secret_data(source["secretRef"]["name"])
-            else:
-                data = self._configmap_data(source["configMapRef"]["name"])
-            env.update({prefix + k: v for k, v in data.items()})
-        for item in spec.get("env") or []:
-            if "value" in item:
-                env[item["name"]] = _expand(item["value"], env)
-            elif "valueFrom" in item:
-                env[item["name"]] = self._value_from(item["valueFrom"])
-        return env
-
-    def _value_from(self, source: Mapping[str, Any]) -> str:
-        if "fieldRef" in source:
-            return self._field(source["fieldRef"]["fieldPath"])
-        if "secretKeyRef" in source:
-            ref = source["secretKeyRef"]
-            return self._secret_data(ref["name"])[ref["key"]]
-        if "configMapKeyRef" in source:
-            ref = source["configMapKeyRef"]
-            return self._configmap_data(ref["name"])[ref["key"]]
-        raise RuntimeError(f"env source {sorted(source)} is not supported by the process-kubelet")
-
-    def _field(self, path: str) -> str:
-        meta = self.pod["metadata"]
-        simple = {
-            "metadata.name": meta["name"],
-            "metadata.namespace": meta["namespace"],
-            "metadata.uid": meta.get("uid", ""),
-            "spec.nodeName": self.kubelet.node_name,
-            "spec.serviceAccountName": self.pod["spec"].get("serviceAccountName", ""),
-            "status.podIP": "127.0.0.1",
-            "status.hostIP": "127.0.0.1",
-        }
-        if path in simple:
-            return str(simple[path])
-        match = _FIELD_KEY.match(path)
-        if match:
-            return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
-        raise RuntimeError(f"fieldRef {path!r} is not supported by the process-kubelet")
-
-    def _secret_data(self, name: str) -> dict[str, str]:
-        secret = self.kubelet.api.get(f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
-        return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
-
-    def _configmap_data(self, name: str) -> dict[str, str]:
-        cm = self.kubelet.api.get(f"/api/v1/namespaces/{self.namespace}/configmaps/{name}")
-        return dict(cm.get("data") or {})
-
-    def _argv(self, spec: Mapping[str, Any], image: Image, env: Mapping[str, str]) -> list[str]:
-        if spec.get("command"):
-            argv = list(spec["command"]) + list(spec.get("args") or [])
-        else:
-            argv = list(image.entrypoint) + list(spec.get("args") or image.cmd)
-        return [_expand(a, env) for a in argv]
 
     # --- running -------------------------------------------------------------------
     def start(self, run: ContainerRun) -> None:
@@ -229,20 +128,18 @@ class PodRunner:
                 128, "ErrImageNeverPull", f"image {image_name!r} is unknown to the process-kubelet"
             )
             return
-        mounts = self._mounts(run.spec)
-        env = {k: self._rewrite(v, mounts) for k, v in self._env(run.spec, image).items()}
-        argv = [self._rewrite(a, mounts) for a in self._argv(run.spec, image, env)]
+        launch = self.resolver.launch(run.spec, image)
         full_env = {
             "PATH": self.kubelet.path,
             "HOME": str(self.dir),
             "HOSTNAME": self.name,
             TERMINATION_LOG_ENV: str(run.termination_file),
-            **env,
+            **launch.env,
         }
         log = run.log.open("ab")
         try:
             run.process = subprocess.Popen(
-                argv,
+                launch.argv,
                 env=full_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -554,18 +451,6 @@ class ProcessKubelet:
                     if run.name == container and run.log.exists():
                         return run.log.read_text(errors="replace")
         return ""
-
-
-def _expand(value: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: defined variables are replaced, others left as
-    written, and "$$" becomes "$" (how the builders protect literal names)."""
-
-    def replace(match: re.Match[str]) -> str:
-        if match.group(1) == "$":
-            return "$"
-        return env.get(match.group(2), match.group(0))
-
-    return _VAR_REF.sub(replace, value)
 
 
 def _exit_code(returncode: int) -> int:
