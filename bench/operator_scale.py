@@ -6,7 +6,7 @@ Measures, for `guardedcron operator` running as its own process (as in the pod):
 - the same on a restart over up-to-date objects (an idle resync; target: 0 writes);
 - the operator's resident memory with every object known (target: at most 150 MiB).
 
-The emulator (tests/operator/emulator.py: kmock with server-side apply and the
+The emulator (tests/support/emulator.py: kmock with server-side apply and the
 server-owned metadata) runs in this process; the operator reaches it through a
 kubeconfig, as it would reach a cluster. Usage, from the repository root:
 

@@ -1,7 +1,7 @@
 """Run status latency and operator cost under a steady stream of runs, on the API emulator.
 
 Two phases, with `guardedcron operator` running as its own process (as in the pod) and
-the extended emulator (tests/operator/emulator.py) in this one:
+the extended emulator (tests/support/emulator.py) in this one:
 
 1. latency: a few GuardedCronJobs; `--runs` runs one after the other. Each run is a Job
    and its pod stored through the API (guard exited 0 with its `acquired` message, the
