@@ -85,3 +85,10 @@ def proxied(dsn: str, toxiproxy: Toxiproxy) -> Iterator[Proxied]:
     """A fresh proxy in front of the test's PostgreSQL; removed (with its toxics) afterwards."""
     with proxy_in_front(toxiproxy, dsn) as pair:
         yield pair
+
+
+@pytest.fixture
+def proxied_empty(empty_dsn: str, toxiproxy: Toxiproxy) -> Iterator[Proxied]:
+    """The same in front of a database without the schema."""
+    with proxy_in_front(toxiproxy, empty_dsn) as pair:
+        yield pair

@@ -42,6 +42,7 @@ BIGINT_MAX: Final = 2**63 - 1
 ACQUIRE_CALL_SECONDS: Final = 10.0
 HOLDER_CALL_SECONDS: Final = 5.0  # renew, release
 KEEPER_STOP_SECONDS: Final = 2.0  # SIGTERM to exit, in every state of the keeper
+ADMIN_CALL_SECONDS: Final = 60.0  # db migrate, db status, runs: all their statements together
 
 # --- labels and annotations
 LABEL_NAME: Final = f"{API_GROUP}/name"  # on CronJob, Job and Pod: the owning GuardedCronJob

@@ -314,3 +314,26 @@ def test_sigterm_ends_an_acquire_stuck_in_a_partition_at_once(
     assert proc.returncode == -signal.SIGTERM
     assert time.monotonic() - signalled < KEEPER_STOP_SECONDS + STOP_SLACK_SECONDS
     assert password_of(dsn) not in stdout + stderr
+
+
+def test_db_migrate_whose_answer_is_swallowed_exits_69_at_its_deadline(
+        empty_dsn: str, proxied_empty: Proxied, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The admin commands (db, runs) bound all their statements by ADMIN_CALL_SECONDS;
+    here it is shortened so the test does not wait a minute."""
+    from guardedcron.cli.main import main
+    from guardedcron.guard.migrations import MIGRATION_LOCK_KEY
+
+    monkeypatch.setattr("guardedcron.cli.db.ADMIN_CALL_SECONDS", 3.0)
+    with psycopg.connect(empty_dsn) as blocker:  # another migration holds the lock
+        blocker.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        threading.Timer(1.0, proxied_empty.proxy.blackhole).start()
+        started = time.monotonic()
+        code = main(["db", "migrate", "--dsn", proxied_empty.dsn, "--connect-timeout", "2"])
+        took = time.monotonic() - started
+        blocker.rollback()
+    err = capsys.readouterr().err
+    assert code == 69, err
+    assert "no answer from database" in err and "within 3 s" in err
+    assert took < 3.0 + 5.0, took  # the bound plus slack for a loaded machine
+    assert password_of(empty_dsn) not in err

@@ -13,7 +13,7 @@ from guardedcron.cli.guard_commands import (
     emit,
     say,
 )
-from guardedcron.contract import EXIT_OK, EXIT_SCHEMA
+from guardedcron.contract import ADMIN_CALL_SECONDS, EXIT_OK, EXIT_SCHEMA
 from guardedcron.guard.errors import GuardError
 
 
@@ -29,15 +29,16 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from guardedcron.guard.connection import connect, describe
+    from guardedcron.guard.connection import call_with_deadline, connect, describe
     from guardedcron.guard.migrations import current_version, migrate
 
     try:
         timeout = connect_timeout(args)
         dsn = checked_dsn(args)
         with connect(dsn, timeout) as conn:
-            applied = migrate(conn)
-            version = current_version(conn)
+            applied, version = call_with_deadline(
+                conn, dsn, ADMIN_CALL_SECONDS, lambda c: (migrate(c), current_version(c))
+            )
     except GuardError as exc:
         say("db migrate", str(exc))
         return exc.exit_code
@@ -48,14 +49,14 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from guardedcron.guard.connection import connect, describe
+    from guardedcron.guard.connection import call_with_deadline, connect, describe
     from guardedcron.guard.migrations import LATEST_VERSION, current_version
 
     try:
         timeout = connect_timeout(args)
         dsn = checked_dsn(args)
         with connect(dsn, timeout) as conn:
-            version = current_version(conn)
+            version = call_with_deadline(conn, dsn, ADMIN_CALL_SECONDS, current_version)
     except GuardError as exc:
         say("db status", str(exc))
         return exc.exit_code

@@ -18,7 +18,7 @@ from guardedcron.cli.guard_commands import (
     say,
     shown,
 )
-from guardedcron.contract import EXIT_FAILURE, EXIT_OK
+from guardedcron.contract import ADMIN_CALL_SECONDS, EXIT_FAILURE, EXIT_OK
 from guardedcron.guard.errors import BadInput, GuardError
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def run_runs(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from guardedcron.guard import history
-    from guardedcron.guard.connection import connect, raise_for_database
+    from guardedcron.guard.connection import call_with_deadline, connect
     from guardedcron.guard.lease import MAX_RETAIN_RUNS
 
     check_name_argument("--lock", args.lock)
@@ -123,34 +123,34 @@ def _run(args: argparse.Namespace) -> int:
     timeout = connect_timeout(args)
     dsn = checked_dsn(args)
 
-    report: dict[str, Any] = {"lock": args.lock}
+    def read(conn: Any) -> dict[str, Any]:
+        report: dict[str, Any] = {"lock": args.lock}
+        # The gap window first: it may still refuse the input, before anything is written.
+        window = None
+        if schedule is not None and zone is not None:
+            window = _gap_window(conn, args.lock, schedule, zone, since, until, tolerance)
+        if args.mark_abandoned:
+            report["marked_abandoned"] = history.mark_abandoned(conn, args.lock)
+        runs = history.list_runs(conn, args.lock, limit)
+        report["runs"] = [r.as_json() for r in runs]
+        if args.overlaps:
+            report["overlaps"] = [
+                {"earlier": o.earlier.as_json(), "later": o.later.as_json()}
+                for o in history.find_overlaps(conn, args.lock)
+            ]
+        if window is not None:
+            start, end, expected = window
+            gaps = history.find_gaps(conn, args.lock, expected, tolerance)
+            report["gaps"] = [{"expected_at": g.expected_at.isoformat(), "slot": g.slot} for g in gaps]
+            report["gap_window"] = {
+                "since": start.isoformat(),
+                "until": end.isoformat(),
+                "expected": len(expected),
+            }
+        return report
+
     with connect(dsn, timeout) as conn:
-        try:
-            # The gap window first: it may still refuse the input, before anything is written.
-            window = None
-            if schedule is not None and zone is not None:
-                window = _gap_window(conn, args.lock, schedule, zone, since, until, tolerance)
-            if args.mark_abandoned:
-                report["marked_abandoned"] = history.mark_abandoned(conn, args.lock)
-            runs = history.list_runs(conn, args.lock, limit)
-            report["runs"] = [r.as_json() for r in runs]
-            if args.overlaps:
-                report["overlaps"] = [
-                    {"earlier": o.earlier.as_json(), "later": o.later.as_json()}
-                    for o in history.find_overlaps(conn, args.lock)
-                ]
-            if window is not None:
-                start, end, expected = window
-                gaps = history.find_gaps(conn, args.lock, expected, tolerance)
-                report["gaps"] = [{"expected_at": g.expected_at.isoformat(), "slot": g.slot} for g in gaps]
-                report["gap_window"] = {
-                    "since": start.isoformat(),
-                    "until": end.isoformat(),
-                    "expected": len(expected),
-                }
-        except Exception as exc:
-            raise_for_database(exc, dsn)
-            raise
+        report = call_with_deadline(conn, dsn, ADMIN_CALL_SECONDS, read)
 
     if args.json:
         emit(report)
