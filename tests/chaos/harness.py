@@ -79,7 +79,10 @@ ROUND_INTERVAL = 0.1  # seconds between the starts of a connection lane's rounds
 # come every 0.1 s whether or not the holder is done, and on a loaded machine a holder
 # that must work until nothing is outstanding could otherwise never finish.
 OUTSTANDING_CAP = 12
-NETWORK_SEATS = 6  # per network lane: a partitioned holder keeps its seat until healed
+NETWORK_SEATS = 6
+# Locks a network lane's rounds choose from: a struck holder keeps its lock's lease for up
+# to its window, and a round on a free lock has a winner to strike.
+NETWORK_LOCKS = 4  # per network lane: a partitioned holder keeps its seat until healed
 # Where a network fault strikes a holder: between batches (its renewal goes first), or
 # inside a fenced transaction (after its read). Contenders are also struck mid-acquire.
 NETWORK_HOLD_PHASES = ("between_batches", "in_transaction")
@@ -434,8 +437,8 @@ class Chaos:
     def network_lane(self, lane: int) -> None:
         plan = self.plan
         rng = random.Random(f"{plan.seed}:network:{lane}")
-        lock = f"net-{lane}"
-        self.locks.add(lock)
+        locks = [f"net-{lane}.{n}" for n in range(NETWORK_LOCKS)]
+        self.locks.update(locks)
         seats: queue.Queue[tuple[Link, Proxy]] = queue.Queue()
         for number in range(NETWORK_SEATS):
             seats.put(self.network_seat(lane, number))
@@ -451,18 +454,22 @@ class Chaos:
                 time.sleep(max(0.0, next_round - time.monotonic()))
                 next_round = time.monotonic() + ROUND_INTERVAL
                 round_no += 1
+                lock = rng.choice(locks)
                 # Fewer items than the other lanes: a round here is about the fault, not the work.
-                self.admin.run(lambda c: enqueue(c, lock, rng.randint(1, 4), outstanding_cap=OUTSTANDING_CAP))
+                items = rng.randint(1, 4)
+                self.admin.run(partial(enqueue, lock=lock, count=items, outstanding_cap=OUTSTANDING_CAP))
                 with self._gate:  # stand still while a burst's losers answer
                     pass
                 size = rng.randint(2, 3)
                 taken = [seats.get() for _ in range(size)]
-                # Two faults a round: one contender is struck just before its acquire, and
-                # whoever else wins is struck while holding (between batches or mid-transaction).
+                # Up to two faults a round: in half the rounds one contender is struck just
+                # before its acquire, and whoever else wins is struck while holding (between
+                # batches or mid-transaction). Holders are the rarer target (a round needs a
+                # winner), so acquires are not struck every round.
                 on_acquire = draw_fault(rng.choice(wanted), rng, plan.connection_lease_seconds)
                 on_hold = draw_fault(rng.choice(wanted), rng, plan.connection_lease_seconds)
                 hold_phase = rng.choice(NETWORK_HOLD_PHASES)
-                victim = rng.randrange(size)
+                victim = rng.randrange(size) if rng.random() < 0.5 else None
                 strike_at = rng.randint(0, 1)  # a struck holder that resumes may leave no more
                 barrier = threading.Barrier(size)
                 out = [threading.Event() for _ in taken]
