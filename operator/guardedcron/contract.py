@@ -3,10 +3,17 @@
 The operator writes these names into the objects it builds, the guard reads and
 writes the files and exit codes, and the status code reads them back from pods.
 Changing a value here is a breaking change of the API: see docs/design.md.
+
+Every fact that two parts must spell alike lives here and nowhere else: the guard, the
+builders and the status code import it. It sits at the bottom of the layers and imports
+nothing but the standard library (import-linter keeps it so), so that any part, the
+guard in its own container included, can read it.
 """
 
 from __future__ import annotations
 
+import re
+from enum import StrEnum
 from typing import Final
 
 API_GROUP: Final = "guardedcron.io"
@@ -26,6 +33,16 @@ EXIT_NOT_ACQUIRED: Final = 75  # lease held, or slot already claimed: skip this 
 EXIT_LEASE_LOST: Final = 76  # keeper saw the lease taken over or could not renew in time
 EXIT_SCHEMA: Final = 78  # schema missing or older than this tool
 
+# --- podFailurePolicy: guard exit codes that fail the Job at once, one FailJob rule each.
+# The Job's failure message names the rule by its index ("... matching FailJob rule at
+# index N"), which tells a skip from a guard error once the pod is gone. Kubernetes wants
+# each rule's codes sorted and unique.
+SKIP_EXIT_CODES: Final = (EXIT_NOT_ACQUIRED,)
+GUARD_ERROR_EXIT_CODES: Final = (EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL, EXIT_SCHEMA)
+FAIL_JOB_RULES: Final = (SKIP_EXIT_CODES, GUARD_ERROR_EXIT_CODES)  # in podFailurePolicy.rules order
+SKIP_RULE_INDEX: Final = FAIL_JOB_RULES.index(SKIP_EXIT_CODES)
+GUARD_ERROR_RULE_INDEX: Final = FAIL_JOB_RULES.index(GUARD_ERROR_EXIT_CODES)
+
 # --- bounds on a lease, for the CLI, the library, the SQL functions and the CRD alike.
 # Below 0.1 s the database's microsecond intervals round a lease towards nothing; above
 # seven days a holder that dies unseen would keep its job locked for longer than any run
@@ -34,6 +51,11 @@ MIN_LEASE_SECONDS: Final = 0.1
 MAX_LEASE_SECONDS: Final = 7 * 24 * 3600
 # Fences and slots are PostgreSQL bigints.
 BIGINT_MAX: Final = 2**63 - 1
+
+# The keeper renews this many times per lease length (every third of it): a renewal that
+# fails leaves two more chances before the lease could run out. The CRD's minimum
+# heartbeat lease is chosen from it.
+RENEWALS_PER_LEASE: Final = 3
 
 # --- bounds on the guard's waits for the database (docs/design.md, "Bounded waits").
 # After connecting (--connect-timeout, libpq waits at least 2 s), each call gets this long
@@ -51,6 +73,12 @@ MANAGED_BY_VALUE: Final = "guardedcron"
 ANNOTATION_TRIGGER: Final = f"{API_GROUP}/trigger"  # set on a GuardedCronJob to start a manual run
 ANNOTATION_LOCK: Final = f"{API_GROUP}/lock"  # on the CronJob: the lease name its runs take
 ANNOTATION_MANUAL: Final = f"{API_GROUP}/manual"  # on Jobs made by `guardedcron trigger`
+# kopf keeps its handler progress and last-handled spec under this prefix; a pass never reads them.
+KOPF_ANNOTATION_PREFIX: Final = f"operator.{API_GROUP}"
+# kubectl's mark on a Job made with `create job --from=cronjob/NAME` (value "manual");
+# the CronJob controller never sets it. `guardedcron trigger` sets it too, as kubectl does.
+ANNOTATION_KUBECTL_INSTANTIATE: Final = "cronjob.kubernetes.io/instantiate"
+INSTANTIATE_MANUAL: Final = "manual"
 # Set by the Kubernetes CronJob controller on the Jobs it schedules (GA in 1.32).
 ANNOTATION_SCHEDULED_TIMESTAMP: Final = "batch.kubernetes.io/cronjob-scheduled-timestamp"
 LABEL_JOB_NAME: Final = "batch.kubernetes.io/job-name"
@@ -75,5 +103,101 @@ ENV_POD_NAMESPACE: Final = "GUARDEDCRON_POD_NAMESPACE"
 ENV_JOB_NAME: Final = "GUARDEDCRON_JOB_NAME"
 ENV_TERMINATION_LOG: Final = "GUARDEDCRON_TERMINATION_LOG"  # overrides TERMINATION_LOG (tests)
 
+# --- names and text
 # CronJob names are capped so the controller's Job names fit in 63 characters.
 CRONJOB_NAME_MAX: Final = 52
+# Lock and holder names, trigger tokens and Kubernetes object names (a DNS subdomain).
+NAME_MAX: Final = 253
+# C0 controls and DEL: refused in names, replaced in text the status shows.
+CONTROL_CHARACTERS: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+
+# --- what the guard and the keeper write and the operator reads ---------------------------
+# Keys of their JSON: the stdout line, <out>/lease.json and the termination message, which
+# the operator reads from the pod's status (guardedcron.status.reports).
+KEY_OUTCOME: Final = "outcome"
+KEY_REASON: Final = "reason"
+KEY_LOCK: Final = "lock"
+KEY_HOLDER: Final = "holder"
+KEY_FENCE: Final = "fence"
+KEY_SLOT: Final = "slot"
+KEY_REQUESTER: Final = "requester"  # on a skip: the holder name this pod asked with
+KEY_EXIT_CODE: Final = "exitCode"
+KEY_ACQUIRED: Final = "acquired"  # acquire's stdout line; renew's and release's say these two
+KEY_RENEWED: Final = "renewed"
+KEY_RELEASED: Final = "released"
+KEY_LOCKED_UNTIL: Final = "locked_until"
+KEY_RUN_ID: Final = "run_id"
+KEY_RENEWALS: Final = "renewals"
+KEY_TRUNCATED: Final = "truncated"  # a message cut down to its outcome to fit
+# In lease.json only, for the keeper's first deadline (docs/design.md, "The keeper's timing").
+KEY_SENT_MONOTONIC: Final = "sent_monotonic"
+KEY_REMAINING_SECONDS: Final = "remaining_seconds"
+
+
+class GuardOutcome(StrEnum):
+    """The guard's (acquire's) termination-message outcome."""
+
+    ACQUIRED = "acquired"
+    SKIPPED = "skipped"  # exit 75; holder and fence name the winner
+    ERROR = "error"  # any other non-zero exit; the reason says why
+
+
+class KeeperOutcome(StrEnum):
+    """The keeper's termination-message outcome."""
+
+    LOST = "lost"  # exit 76 (or waits, by policy): the lease went
+    RELEASED = "released"  # stopped and released the lease it held
+    NOT_HOLDER = "not-holder"  # stopped, but the lease was no longer its own
+
+
+class AcquireReason(StrEnum):
+    """Why acquire answered as it did: from the SQL acquire functions, row-busy from the library."""
+
+    ACQUIRED = "acquired"
+    ALREADY_HELD = "already-held"  # the same holder asked again for the same slot
+    LEASE_HELD = "lease-held"
+    SLOT_CLAIMED = "slot-claimed"  # the scheduled minute already ran, under its fence
+    ROW_BUSY = "row-busy"  # the previous holder's fenced write had the row locked
+
+
+class ReleaseOutcome(StrEnum):
+    """What a release records in the run's history row."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    FINISHED = "finished"  # ended, without saying how the workload did
+
+
+# --- the slot a Job stands for --------------------------------------------------------
+# The CronJob controller names a scheduled Job `<cronjob>-<minutes since the epoch>`; any
+# other name (kubectl create job --from, guardedcron trigger) is a manual run: no slot.
+_SLOT_SUFFIX: Final = re.compile(r"-([0-9]+)")
+_BIGINT_DIGITS: Final = len(str(BIGINT_MAX))
+
+
+class SlotOutOfRange(ValueError):
+    """A Job name of the scheduled shape whose minute is past what a slot (a bigint) holds."""
+
+    def __init__(self, digits: str) -> None:
+        super().__init__(f"the scheduled minute {digits[:40]!r} is past {BIGINT_MAX}")
+        self.digits = digits
+
+
+def slot_from_job_name(job_name: str, cronjob: str) -> int | None:
+    """The scheduled minute of a Job the CronJob `cronjob` made, read from its name; None
+    for any other name. The guard claims this slot, and the status reads the same one.
+
+    Raises SlotOutOfRange when the minute does not fit a PostgreSQL bigint: the guard
+    refuses such a name (exit 64) rather than claim a slot the database cannot hold.
+    """
+    if not cronjob or not job_name.startswith(cronjob):
+        return None
+    match = _SLOT_SUFFIX.fullmatch(job_name, len(cronjob))
+    if match is None:
+        return None
+    digits = match.group(1)
+    # Compared on the digits first, so that no length of name costs more than that.
+    if len(digits.lstrip("0")) > _BIGINT_DIGITS or int(digits) > BIGINT_MAX:
+        raise SlotOutOfRange(digits)
+    return int(digits)

@@ -24,8 +24,29 @@ from guardedcron.contract import (
     EXIT_NOT_ACQUIRED,
     EXIT_OK,
     HOLDER_CALL_SECONDS,
+    KEY_ACQUIRED,
+    KEY_EXIT_CODE,
+    KEY_FENCE,
+    KEY_HOLDER,
+    KEY_LOCK,
+    KEY_LOCKED_UNTIL,
+    KEY_OUTCOME,
+    KEY_REASON,
+    KEY_RELEASED,
+    KEY_REMAINING_SECONDS,
+    KEY_RENEWED,
+    KEY_REQUESTER,
+    KEY_RUN_ID,
+    KEY_SENT_MONOTONIC,
+    KEY_SLOT,
     LOST_FILE,
     MAX_LEASE_SECONDS,
+    RENEWALS_PER_LEASE,
+    AcquireReason,
+    GuardOutcome,
+    ReleaseOutcome,
+    SlotOutOfRange,
+    slot_from_job_name,
 )
 from guardedcron.guard.errors import BadInput, GuardError
 from guardedcron.guard.redaction import looks_like_dsn, redact
@@ -64,8 +85,8 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         parser.add_argument("--fence", required=True, help="the fencing token you hold")
         parser.add_argument(
             "--outcome",
-            default="finished",
-            choices=["succeeded", "failed", "finished"],
+            default=ReleaseOutcome.FINISHED.value,
+            choices=[outcome.value for outcome in ReleaseOutcome],
             help="what the run's history row records (default: finished)",
         )
         parser.set_defaults(run=run_release)
@@ -75,7 +96,11 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         fence.add_argument(
             "--fence-file", type=Path, help="read the token from this file (as written by acquire --out)"
         )
-        parser.add_argument("--lease-seconds", required=True, help="lease length; renewed every third of it")
+        parser.add_argument(
+            "--lease-seconds",
+            required=True,
+            help=f"lease length; renewed every 1/{RENEWALS_PER_LEASE} of it",
+        )
         parser.add_argument("--out", type=folder, help="folder for the `lost` marker")
         parser.add_argument(
             "--on-lost",
@@ -201,14 +226,12 @@ def parse_slot(args: argparse.Namespace) -> int | None:
         return None
     if not args.cronjob:
         raise BadInput("--job-name needs --cronjob to tell a scheduled Job from a manual one")
-    # The CronJob controller names scheduled Jobs <cronjob>-<minutes since the epoch>;
-    # any other name (kubectl create job --from=cronjob/...) is a manual run: no slot.
-    match = re.fullmatch(re.escape(args.cronjob) + r"-([0-9]+)", args.job_name)
-    if match is None:
-        return None
-    return parse_integer(
-        "the scheduled minute in --job-name", match.group(1), minimum=0, maximum=BIGINT_MAX
-    )
+    try:
+        return slot_from_job_name(args.job_name, args.cronjob)
+    except SlotOutOfRange as exc:
+        raise BadInput(
+            f"the scheduled minute in --job-name must be from 0 to {BIGINT_MAX}, got {shown(exc.digits)}"
+        ) from None
 
 
 def connect_timeout(args: argparse.Namespace) -> float:
@@ -245,11 +268,11 @@ def run_acquire(args: argparse.Namespace) -> int:
         say("acquire", str(exc))
         write_termination_message(
             {
-                "outcome": "error",
-                "exitCode": exc.exit_code,
-                "lock": args.lock,
-                "holder": args.holder,
-                "reason": str(exc),
+                KEY_OUTCOME: GuardOutcome.ERROR,
+                KEY_EXIT_CODE: exc.exit_code,
+                KEY_LOCK: args.lock,
+                KEY_HOLDER: args.holder,
+                KEY_REASON: str(exc),
             }
         )
         return exc.exit_code
@@ -284,23 +307,25 @@ def _acquire(args: argparse.Namespace) -> int:
         sent = time.monotonic()
         result = call_with_deadline(conn, dsn, ACQUIRE_CALL_SECONDS, lambda c: lease_ops.acquire(c, request))
     summary = {
-        "acquired": result.acquired,
-        "reason": result.reason,
-        "lock": request.lock,
-        "holder": result.holder,
-        "fence": result.fence,
-        "slot": request.slot,
-        "locked_until": iso(result.locked_until),
-        "run_id": result.run_id,
+        KEY_ACQUIRED: result.acquired,
+        KEY_REASON: result.reason,
+        KEY_LOCK: request.lock,
+        KEY_HOLDER: result.holder,
+        KEY_FENCE: result.fence,
+        KEY_SLOT: request.slot,
+        KEY_LOCKED_UNTIL: iso(result.locked_until),
+        KEY_RUN_ID: result.run_id,
     }
     emit(summary)
     if not result.acquired:
         say("acquire", _skip_message(request, result))
-        write_termination_message({"outcome": "skipped", "requester": request.holder, **summary})
+        write_termination_message(
+            {KEY_OUTCOME: GuardOutcome.SKIPPED, KEY_REQUESTER: request.holder, **summary}
+        )
         return EXIT_NOT_ACQUIRED
     if args.out is not None:
         write_lease_files(args.out, {**summary, **keeper_timing(sent, result)})
-    write_termination_message({"outcome": "acquired", **summary})
+    write_termination_message({KEY_OUTCOME: GuardOutcome.ACQUIRED, **summary})
     return EXIT_OK
 
 
@@ -309,16 +334,16 @@ def keeper_timing(sent: float, result: Any) -> dict[str, float]:
     acquire was sent, on the monotonic clock the pod's containers share, and how long the
     database said the lease lasts from its answer."""
     remaining = (result.locked_until - result.db_now).total_seconds()
-    return {"sent_monotonic": sent, "remaining_seconds": remaining}
+    return {KEY_SENT_MONOTONIC: sent, KEY_REMAINING_SECONDS: remaining}
 
 
 def _skip_message(request: Any, result: Any) -> str:
-    if result.reason == "slot-claimed":
+    if result.reason == AcquireReason.SLOT_CLAIMED:
         return (
             f"slot {request.slot} of {request.lock} already ran under {result.holder} "
             f"(fence {result.fence}); skipping"
         )
-    if result.reason == "row-busy":
+    if result.reason == AcquireReason.ROW_BUSY:
         return f"lease {request.lock} is locked by an in-flight fenced write of its previous holder; skipping"
     return (
         f"lease {request.lock} is held by {result.holder} (fence {result.fence}) "
@@ -338,7 +363,7 @@ def run_renew(args: argparse.Namespace) -> int:
     except GuardError as exc:
         say("renew", str(exc))
         return exc.exit_code
-    return _holder_call("renew", "renewed", args, renew)
+    return _holder_call("renew", KEY_RENEWED, args, renew)
 
 
 def run_release(args: argparse.Namespace) -> int:
@@ -352,7 +377,7 @@ def run_release(args: argparse.Namespace) -> int:
     except GuardError as exc:
         say("release", str(exc))
         return exc.exit_code
-    return _holder_call("release", "released", args, release)
+    return _holder_call("release", KEY_RELEASED, args, release)
 
 
 def _holder_call(command: str, done_key: str, args: argparse.Namespace, call: Callable[[Any], Any]) -> int:
@@ -372,10 +397,10 @@ def _holder_call(command: str, done_key: str, args: argparse.Namespace, call: Ca
     emit(
         {
             done_key: state.ok,
-            "lock": args.lock,
-            "holder": state.holder,
-            "fence": state.fence,
-            "locked_until": iso(state.locked_until),
+            KEY_LOCK: args.lock,
+            KEY_HOLDER: state.holder,
+            KEY_FENCE: state.fence,
+            KEY_LOCKED_UNTIL: iso(state.locked_until),
         }
     )
     if not state.ok:

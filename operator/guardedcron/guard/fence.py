@@ -19,7 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from guardedcron.contract import FENCE_FILE, LEASE_FILE, RUN_DIR
+from guardedcron.contract import (
+    FENCE_FILE,
+    KEY_FENCE,
+    KEY_HOLDER,
+    KEY_LOCK,
+    KEY_LOCKED_UNTIL,
+    KEY_SLOT,
+    LEASE_FILE,
+    RUN_DIR,
+)
 from guardedcron.guard.errors import StaleFenceError
 
 if TYPE_CHECKING:
@@ -44,11 +53,11 @@ def read_fence(run_dir: str | Path = RUN_DIR) -> int:
 def read_lease(run_dir: str | Path = RUN_DIR) -> HeldLease:
     data = json.loads((Path(run_dir) / LEASE_FILE).read_text())
     return HeldLease(
-        lock=data["lock"],
-        holder=data["holder"],
-        fence=int(data["fence"]),
-        slot=data.get("slot"),
-        locked_until=data["locked_until"],
+        lock=data[KEY_LOCK],
+        holder=data[KEY_HOLDER],
+        fence=int(data[KEY_FENCE]),
+        slot=data.get(KEY_SLOT),
+        locked_until=data[KEY_LOCKED_UNTIL],
     )
 
 

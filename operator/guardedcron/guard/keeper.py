@@ -29,7 +29,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from guardedcron.contract import EXIT_LEASE_LOST, EXIT_OK, KEEPER_STOP_SECONDS, LEASE_FILE
+from guardedcron.contract import (
+    EXIT_LEASE_LOST,
+    EXIT_OK,
+    KEEPER_STOP_SECONDS,
+    KEY_FENCE,
+    KEY_HOLDER,
+    KEY_LOCK,
+    KEY_OUTCOME,
+    KEY_REASON,
+    KEY_REMAINING_SECONDS,
+    KEY_RENEWALS,
+    KEY_SENT_MONOTONIC,
+    LEASE_FILE,
+    RENEWALS_PER_LEASE,
+    KeeperOutcome,
+    ReleaseOutcome,
+)
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.connection import call_with_deadline, scrub
 from guardedcron.guard.errors import SchemaOutdated
@@ -132,7 +148,7 @@ class Keeper:
 
     @property
     def interval(self) -> float:
-        return self.request.lease_seconds / 3.0
+        return self.request.lease_seconds / RENEWALS_PER_LEASE
 
     @property
     def margin(self) -> float:
@@ -252,7 +268,7 @@ class Keeper:
                 req.lock,
                 req.holder,
                 req.fence,
-                "finished",
+                ReleaseOutcome.FINISHED.value,
                 "released by the keeper after the workload stopped",
             ),
             by - time.monotonic(),
@@ -274,11 +290,11 @@ class Keeper:
             self._log(f"released lock {req.lock} (fence {req.fence}); held until {state.locked_until}")
         write_termination_message(
             {
-                "outcome": "released" if state.ok else "not-holder",
-                "lock": req.lock,
-                "holder": req.holder,
-                "fence": req.fence,
-                "renewals": self.renewals,
+                KEY_OUTCOME: KeeperOutcome.RELEASED if state.ok else KeeperOutcome.NOT_HOLDER,
+                KEY_LOCK: req.lock,
+                KEY_HOLDER: req.holder,
+                KEY_FENCE: req.fence,
+                KEY_RENEWALS: self.renewals,
             }
         )
         return EXIT_OK
@@ -286,12 +302,12 @@ class Keeper:
     def _lost(self, reason: str, deadline: float | None) -> int:
         """Report the loss; `deadline` is the one the keeper missed (None: taken over)."""
         req = self.request
-        details = {"lock": req.lock, "holder": req.holder, "fence": req.fence, "reason": reason}
+        details = {KEY_LOCK: req.lock, KEY_HOLDER: req.holder, KEY_FENCE: req.fence, KEY_REASON: reason}
         # Local and instant first: the workload and Kubernetes learn of the loss even if
         # the database never answers again.
         if req.out_dir is not None:
             write_lost_marker(req.out_dir, details)
-        write_termination_message({"outcome": "lost", **details})
+        write_termination_message({KEY_OUTCOME: KeeperOutcome.LOST, **details})
         self._log(f"LEASE LOST for lock {req.lock} (fence {req.fence}): {reason}")
         record_until = self._record_until(deadline)
         call = self._start(
@@ -323,8 +339,8 @@ def acquire_timing(lease_file: Path, fence: int) -> tuple[float, float] | None:
     """(sent_monotonic, remaining_seconds) that `acquire --out` wrote for this fence, if any."""
     try:
         lease = json.loads(lease_file.read_text())
-        if int(lease["fence"]) != fence:
+        if int(lease[KEY_FENCE]) != fence:
             return None
-        return float(lease["sent_monotonic"]), float(lease["remaining_seconds"])
+        return float(lease[KEY_SENT_MONOTONIC]), float(lease[KEY_REMAINING_SECONDS])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent (keep --fence without acquire --out), or written by an older guard

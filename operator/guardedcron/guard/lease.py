@@ -8,12 +8,19 @@ never reaches the database.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from guardedcron.contract import BIGINT_MAX, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
+from guardedcron.contract import (
+    BIGINT_MAX,
+    CONTROL_CHARACTERS,
+    MAX_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
+    NAME_MAX,
+    AcquireReason,
+    ReleaseOutcome,
+)
 from guardedcron.guard.errors import BadInput, FenceExhausted
 
 if TYPE_CHECKING:
@@ -21,14 +28,12 @@ if TYPE_CHECKING:
 
     Connection = psycopg.Connection[tuple[Any, ...]]
 
-OUTCOMES_ON_RELEASE = ("succeeded", "failed", "finished")
+OUTCOMES_ON_RELEASE = tuple(outcome.value for outcome in ReleaseOutcome)
 DEFAULT_RETAIN_DAYS = 90
 DEFAULT_RETAIN_RUNS = 10_000
 # A century of history; beyond it the database's date arithmetic would overflow.
 MAX_RETAIN_DAYS = 36_500
 MAX_RETAIN_RUNS = 2**31 - 1  # the SQL functions take an integer
-MAX_NAME_LENGTH = 253
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 FENCE_EXHAUSTED_SQLSTATE = "GC002"
 # Another isolation level than READ COMMITTED can fail a contended acquisition with a
 # serialization failure (or a deadlock); a new transaction then sees the winner. The
@@ -92,9 +97,9 @@ class LeaseState:
 def check_name(what: str, value: str) -> None:
     if not value or not value.strip():
         raise BadInput(f"{what} must not be empty")
-    if len(value) > MAX_NAME_LENGTH:
-        raise BadInput(f"{what} is {len(value)} characters long; at most {MAX_NAME_LENGTH}")
-    if _CONTROL.search(value):
+    if len(value) > NAME_MAX:
+        raise BadInput(f"{what} is {len(value)} characters long; at most {NAME_MAX}")
+    if CONTROL_CHARACTERS.search(value):
         raise BadInput(f"{what} must not contain control characters")
 
 
@@ -183,7 +188,7 @@ def _row_busy(conn: Connection, request: AcquireRequest, why: str) -> AcquireRes
     except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
         row = None  # a skip without its history row beats a skip reported as an outage
     run_id = None if row is None else int(row[0])
-    return AcquireResult(False, "row-busy", "", 0, None, run_id, None)
+    return AcquireResult(False, AcquireReason.ROW_BUSY, "", 0, None, run_id, None)
 
 
 def renew(conn: Connection, lock: str, holder: str, fence: int, lease_seconds: float) -> LeaseState:
@@ -201,7 +206,12 @@ def renew(conn: Connection, lock: str, holder: str, fence: int, lease_seconds: f
 
 
 def release(
-    conn: Connection, lock: str, holder: str, fence: int, outcome: str = "finished", reason: str = ""
+    conn: Connection,
+    lock: str,
+    holder: str,
+    fence: int,
+    outcome: str = ReleaseOutcome.FINISHED.value,
+    reason: str = "",
 ) -> LeaseState:
     """End the lease if `holder` still holds it with `fence`; never a newer generation's."""
     check_name("lock", lock)

@@ -18,10 +18,15 @@ from typing import Any
 from guardedcron.contract import (
     ENV_TERMINATION_LOG,
     FENCE_FILE,
+    KEY_FENCE,
+    KEY_OUTCOME,
+    KEY_REASON,
+    KEY_TRUNCATED,
     LEASE_FILE,
     LOST_FILE,
     TERMINATION_LOG,
     TERMINATION_MESSAGE_MAX,
+    GuardOutcome,
 )
 from guardedcron.guard.redaction import redact
 
@@ -36,7 +41,7 @@ def write_lease_files(out_dir: Path, lease: dict[str, Any]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(out_dir / LEASE_FILE, json.dumps(lease, sort_keys=True) + "\n")
     # The fence file last: its presence means both files are complete.
-    write_atomically(out_dir / FENCE_FILE, f"{lease['fence']}\n")
+    write_atomically(out_dir / FENCE_FILE, f"{lease[KEY_FENCE]}\n")
 
 
 def write_lost_marker(out_dir: Path, details: dict[str, Any]) -> None:
@@ -72,18 +77,19 @@ def termination_message(summary: dict[str, Any]) -> str:
         kept = {
             key: _shortened(key, value, limit)
             for key, value in summary.items()
-            if not (step > 0 and key == "reason")
+            if not (step > 0 and key == KEY_REASON)
         }
         text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
         if len(text.encode()) <= TERMINATION_MESSAGE_MAX:
             return text
-    return json.dumps({"outcome": str(summary.get("outcome", "error"))[:32], "truncated": True})
+    outcome = str(summary.get(KEY_OUTCOME, GuardOutcome.ERROR))[:32]
+    return json.dumps({KEY_OUTCOME: outcome, KEY_TRUNCATED: True})
 
 
 def _shortened(key: str, value: Any, limit: int | None) -> Any:
     if not isinstance(value, str):
         return value if isinstance(value, int | float | bool) or value is None else str(value)[:64]
     value = redact(value)
-    if limit is None or len(value) <= limit or key == "outcome":
+    if limit is None or len(value) <= limit or key == KEY_OUTCOME:
         return value
     return value[:limit] + "..." if limit else ""
