@@ -1,8 +1,6 @@
 """Pure build_* functions: the CronJob and the guard containers injected into its pods."""
 
 from guardedcron.builders.cronjob import (
-    GUARD_ERROR_RULE_INDEX,
-    SKIP_RULE_INDEX,
     build_cronjob,
     build_job_template,
     build_owner_reference,
@@ -15,6 +13,7 @@ from guardedcron.builders.guard import (
     build_run_volume,
     build_workload_mount,
 )
+from guardedcron.contract import GUARD_ERROR_RULE_INDEX, SKIP_RULE_INDEX
 
 __all__ = [
     "ENV_HOLDER",

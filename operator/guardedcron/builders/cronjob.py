@@ -16,19 +16,6 @@ from guardedcron.builders.guard import (
 from guardedcron.spec import OperatorSettings, ParsedSpec
 from guardedcron.spec.reserved import owner_labels
 
-# Guard exit codes that fail the Job at once; podFailurePolicy needs them sorted and unique.
-GUARD_SKIP_EXIT_CODES = (contract.EXIT_NOT_ACQUIRED,)
-GUARD_ERROR_EXIT_CODES = (
-    contract.EXIT_USAGE,
-    contract.EXIT_UNAVAILABLE,
-    contract.EXIT_INTERNAL,
-    contract.EXIT_SCHEMA,
-)
-# Index of each rule in podFailurePolicy.rules: the Job's failure message names it
-# ("... matching FailJob rule at index N"), which tells a skip from a guard error.
-SKIP_RULE_INDEX = 0
-GUARD_ERROR_RULE_INDEX = 1
-
 
 def build_cronjob(parsed: ParsedSpec, settings: OperatorSettings) -> dict[str, Any]:
     """The desired batch/v1 CronJob: same name and namespace as the GuardedCronJob.
@@ -94,10 +81,7 @@ def build_pod_failure_policy() -> dict[str, Any]:
     could not decide (64 bad input, 69 database unreachable, 78 schema missing).
     backoffLimit 0 fails the Job on any pod failure anyway; these rules make the Job's
     condition say which case it was."""
-    return {"rules": [
-        _fail_job_on_guard_exit(GUARD_SKIP_EXIT_CODES),
-        _fail_job_on_guard_exit(GUARD_ERROR_EXIT_CODES),
-    ]}
+    return {"rules": [_fail_job_on_guard_exit(codes) for codes in contract.FAIL_JOB_RULES]}
 
 
 def _fail_job_on_guard_exit(codes: tuple[int, ...]) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -22,18 +21,15 @@ from guardedcron.objects import get_path
 
 MANUAL_INFIX: Final = "-manual-"
 JOB_NAME_MAX: Final = 63  # the Job's name is also a label value on its pods
-# kubectl's mark on a Job made from a CronJob; the CronJob controller never sets it.
-ANNOTATION_INSTANTIATE: Final = "cronjob.kubernetes.io/instantiate"
 # Values of contract.ANNOTATION_MANUAL: who asked for the run.
 STARTED_BY_CLI: Final = "guardedcron-trigger"
 STARTED_BY_ANNOTATION: Final = "trigger-annotation"
-TRIGGER_TOKEN_MAX: Final = 253
+TRIGGER_TOKEN_MAX: Final = contract.NAME_MAX
 # The alphabet Kubernetes uses for generated name suffixes: no vowels (no words), no
 # look-alikes. The suffix ends in a letter, so the name never ends in digits.
 SUFFIX_CHARACTERS: Final = "bcdfghjklmnpqrstvwxz2456789"
 SUFFIX_LETTERS: Final = "bcdfghjklmnpqrstvwxz"
 SUFFIX_LENGTH: Final = 5
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ManualRunError(ValueError):
@@ -70,7 +66,7 @@ def trigger_token_problem(token: str) -> str | None:
     """Why an annotation value cannot be a trigger token, or None when it can."""
     if len(token) > TRIGGER_TOKEN_MAX:
         return f"is {len(token)} characters long; at most {TRIGGER_TOKEN_MAX}"
-    if _CONTROL.search(token):
+    if contract.CONTROL_CHARACTERS.search(token):
         return "must not contain control characters (newlines, tabs)"
     return None
 
@@ -107,7 +103,7 @@ def build_manual_job(cronjob: Mapping[str, Any], *, job_name: str, started_by: s
     template_meta = template.get("metadata") or {}
     annotations = {
         **(template_meta.get("annotations") or {}),
-        ANNOTATION_INSTANTIATE: "manual",
+        contract.ANNOTATION_KUBECTL_INSTANTIATE: contract.INSTANTIATE_MANUAL,
         contract.ANNOTATION_MANUAL: started_by,
     }
     if token is not None:

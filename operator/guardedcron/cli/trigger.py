@@ -39,7 +39,6 @@ from guardedcron.builders.manual import (
     suffix_from_bytes,
 )
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
-from guardedcron.handlers.observe import controlled_by
 from guardedcron.kube import (
     CRONJOBS,
     GUARDED_CRONJOBS,
@@ -50,6 +49,7 @@ from guardedcron.kube import (
     KubeClient,
     NotFound,
 )
+from guardedcron.objects import controlled_by, uid_of
 
 FIELD_MANAGER = "guardedcron-trigger"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -121,7 +121,7 @@ async def _create(client: KubeClient, namespace: str, name: str) -> str:
         except NotFound:
             raise TriggerFailed(f"CronJob {where} does not exist: is the operator running? "
                                 f"({_ready_message(gcj)})") from None
-        if not controlled_by(cronjob, str(gcj["metadata"].get("uid") or "")):
+        if not controlled_by(cronjob, uid_of(gcj)):
             raise TriggerFailed(f"CronJob {where} is not controlled by GuardedCronJob {where}; "
                                 "refusing to run a job guardedcron did not build") from None
         for _ in range(CREATE_ATTEMPTS):

@@ -22,8 +22,6 @@ from guardedcron import contract
 
 Key = tuple[str, str]  # (namespace, GuardedCronJob name)
 Body = Mapping[str, Any]
-# kopf's own annotations (handler progress, the last handled spec): never read by a pass.
-KOPF_ANNOTATION_PREFIX = f"operator.{contract.API_GROUP}/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +57,7 @@ def trimmed(body: Mapping[str, Any], *, keep_spec: bool = True,
     """A plain copy of the parts of an object a pass reads."""
     metadata = dict(body.get("metadata") or {})
     annotations = {k: v for k, v in (metadata.get("annotations") or {}).items()
-                   if not k.startswith(KOPF_ANNOTATION_PREFIX)}
+                   if not k.startswith(f"{contract.KOPF_ANNOTATION_PREFIX}/")}
     if annotations:
         metadata["annotations"] = annotations
     else:
@@ -112,13 +110,6 @@ def gcj_key(body: Body) -> Key:
     """(namespace, name) of an object; for a CronJob, also its GuardedCronJob's."""
     metadata = body.get("metadata") or {}
     return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
-
-
-def controlled_by(obj: Body, uid: str) -> bool:
-    """Whether `obj` has a controller owner reference to the object with this uid."""
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    return bool(uid) and any(
-        isinstance(o, Mapping) and o.get("uid") == uid and o.get("controller") is True for o in owners)
 
 
 def observe(gcj: Body, cronjob: Body | None, *, jobs: Index, pods: Index) -> Observed:

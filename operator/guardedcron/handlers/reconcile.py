@@ -28,7 +28,6 @@ from guardedcron.handlers.observe import (
     Index,
     Key,
     Observed,
-    controlled_by,
     gcj_key,
     lookup,
     observe,
@@ -50,6 +49,7 @@ from guardedcron.kube import (
     apply_needed,
 )
 from guardedcron.kube.credentials import discover_credentials
+from guardedcron.objects import controlled_by, uid_of
 from guardedcron.observability.events import build_event
 from guardedcron.observability.metrics import forget as forget_metrics
 from guardedcron.observability.metrics import reconcile_timer, record_changes
@@ -58,11 +58,6 @@ from guardedcron.status import compute_status
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
-# kopf keeps its own bookkeeping (the last handled spec, retry counts) in annotations
-# under this prefix: not under guardedcron.io/, whose annotations (the manual trigger)
-# must stay visible to kopf as changes, and not in .status, which the CRD's schema
-# would prune and the operator writes only when its own fields change.
-KOPF_PREFIX = f"operator.{contract.API_GROUP}"
 # A CronJob in the way is retried at this pace until it is deleted or renamed.
 NOT_OWNED_RETRY_SECONDS = 60
 
@@ -87,7 +82,7 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     client, memory, settings = context.client, context.memory, context.settings
     gcj = observed.gcj
     namespace, name = gcj_key(gcj)
-    uid = str((gcj.get("metadata") or {}).get("uid") or "")
+    uid = uid_of(gcj)
     parsed: ParsedSpec | None
     problems: tuple[Problem, ...] = ()
     trouble: str | None = None  # logged as a warning (an Event, through kopf) when status changes
@@ -193,7 +188,7 @@ async def reconcile_guarded_cronjob(
         # The index holds only CronJobs labelled as guardedcron's: ask whether another
         # object holds the name before applying over it.
         cronjob = await _get_or_none(context.client, key)
-    uid = str(gcj["metadata"].get("uid") or "")
+    uid = uid_of(gcj)
     result = await run_pass(
         lambda: observe(gcj, lookup(cronjobs, key) or cronjob, jobs=jobs, pods=pods),
         uid=uid, context=context, logger=logger)
@@ -219,7 +214,7 @@ async def repair_cronjob(
         parent = await _get_or_none(context.client, key, GUARDED_CRONJOBS)
     if parent is None or (parent.get("metadata") or {}).get("deletionTimestamp"):
         return
-    uid = str(parent["metadata"].get("uid") or "")
+    uid = uid_of(parent)
     if not deleted and not controlled_by(cronjob, uid):
         return  # not this GuardedCronJob's CronJob; its own pass reports the clash
     found = parent
@@ -244,7 +239,7 @@ async def refresh_run_status(
     cronjob = lookup(cronjobs, key)
     if parent is None or cronjob is None or (parent.get("metadata") or {}).get("deletionTimestamp"):
         return
-    uid = str(parent["metadata"].get("uid") or "")
+    uid = uid_of(parent)
     if not controlled_by(cronjob, uid):
         return
     found = parent
@@ -260,7 +255,7 @@ def forget_deleted(event: Mapping[str, Any], *, context: OperatorContext) -> Non
     if event.get("type") == "DELETED":
         body = event["object"]
         namespace, name = gcj_key(body)
-        context.memory.forget(str((body.get("metadata") or {}).get("uid") or ""))
+        context.memory.forget(uid_of(body))
         forget_metrics(context.metrics, namespace=namespace, name=name)
 
 
@@ -273,9 +268,14 @@ async def login(client: KubeClient, settings: kopf.OperatorSettings) -> kopf.Con
 
 
 def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    # kopf keeps its own bookkeeping (the last handled spec, retry counts) in annotations
+    # under contract.KOPF_ANNOTATION_PREFIX: not under guardedcron.io/, whose annotations
+    # (the manual trigger) must stay visible to kopf as changes, and not in .status, which
+    # the CRD's schema would prune and the operator writes only when its own fields change.
+    prefix = contract.KOPF_ANNOTATION_PREFIX
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=KOPF_PREFIX, key="last-handled-configuration")
+        prefix=prefix, key="last-handled-configuration")
     # Warnings and errors of a GuardedCronJob's logger become Events on it (`kubectl
     # describe`); info would be a write per pass. The pass warns only when status changes.
     settings.posting.loggers = True

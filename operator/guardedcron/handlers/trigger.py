@@ -23,8 +23,9 @@ from guardedcron.builders.manual import (
     trigger_token_problem,
 )
 from guardedcron.handlers.context import PassMemory
-from guardedcron.handlers.observe import Body, controlled_by
+from guardedcron.handlers.observe import Body
 from guardedcron.kube import JOBS, ApiError, Conflict, KubeClient
+from guardedcron.objects import controlled_by, uid_of
 from guardedcron.status import EventReason, RunEvent
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -51,7 +52,7 @@ async def act_on_trigger(gcj: Body, cronjob: Body | None, previous_status: Mappi
     if token is None:
         return TriggerResult()
     metadata = gcj.get("metadata") or {}
-    uid, namespace = str(metadata.get("uid") or ""), str(metadata.get("namespace") or "")
+    uid, namespace = uid_of(gcj), str(metadata.get("namespace") or "")
     if cronjob is None or not controlled_by(cronjob, uid):
         # Nothing to copy yet; the pass that creates (or frees) the CronJob acts on it.
         logger.debug(f"Trigger {token!r} waits for this GuardedCronJob's CronJob.")

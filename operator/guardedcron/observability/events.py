@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from guardedcron import contract
+from guardedcron.objects import uid_of
 from guardedcron.status.conditions import truncate
 from guardedcron.status.times import format_time
 from guardedcron.status.transitions import RunEvent
@@ -29,7 +30,7 @@ def build_event(gcj: Mapping[str, Any], run_event: RunEvent, now: datetime, *,
     metadata = gcj.get("metadata") or {}
     name = str(metadata.get("name") or "")
     namespace = str(metadata.get("namespace") or "")
-    uid = str(metadata.get("uid") or "")
+    uid = uid_of(gcj)
     if not name or not namespace:
         raise ValueError("an Event needs the GuardedCronJob's metadata.name and metadata.namespace")
     involved: dict[str, Any] = {

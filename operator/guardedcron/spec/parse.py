@@ -45,13 +45,11 @@ MAX_SCHEDULE_LENGTH = 256
 MAX_TIME_ZONE_LENGTH = 64
 MAX_RECENT_RUNS = 100
 MAX_MISSED_RUN_TOLERANCE_SECONDS = 86400
-MIN_HEARTBEAT_LEASE_SECONDS = 15  # the keeper renews every third: room for a slow round trip
+# The keeper renews every 1/contract.RENEWALS_PER_LEASE of the lease: 5 s leaves room for a slow round trip.
+MIN_HEARTBEAT_LEASE_SECONDS = 5 * contract.RENEWALS_PER_LEASE
 MAX_CONTAINERS = 64  # each of containers and initContainers
 MAX_VOLUMES = 256
 MAX_CONTAINER_NAME_LENGTH = 63
-# What the guard accepts as a lock name (guardedcron.guard.lease.check_name).
-MAX_LEASE_NAME_LENGTH = 253
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 _T = TypeVar("_T")
 _MISSING: Any = object()
@@ -240,10 +238,10 @@ def _read_lease(r: _Reader, lease: Mapping[str, Any], default_name: str,
     name = r.field(lease, "name", "spec.lease.name", str, required=False)
     if name is not None and not name.strip():
         r.problem("spec.lease.name", "must not be empty")
-    elif name is not None and len(name) > MAX_LEASE_NAME_LENGTH:
+    elif name is not None and len(name) > contract.NAME_MAX:
         r.problem("spec.lease.name",
-                  f"must be at most {MAX_LEASE_NAME_LENGTH} characters, not {len(name)}")
-    elif name is not None and _CONTROL_CHARACTER.search(name):
+                  f"must be at most {contract.NAME_MAX} characters, not {len(name)}")
+    elif name is not None and contract.CONTROL_CHARACTERS.search(name):
         r.problem("spec.lease.name", "must not contain control characters")
     duration = _lease_seconds(r, lease, "durationSeconds", minimum=1)
     min_hold = _lease_seconds(r, lease, "minHoldSeconds", minimum=0)
@@ -257,7 +255,7 @@ def _read_lease(r: _Reader, lease: Mapping[str, Any], default_name: str,
     if heartbeat and duration is not None and duration < MIN_HEARTBEAT_LEASE_SECONDS:
         r.problem("spec.lease.durationSeconds",
                   f"must be at least {MIN_HEARTBEAT_LEASE_SECONDS} when spec.lease.heartbeat is "
-                  f"true (the keeper renews every third of it), not {duration}")
+                  f"true (the keeper renews every 1/{contract.RENEWALS_PER_LEASE} of it), not {duration}")
     if duration is not None and min_hold is not None and min_hold > duration:
         r.problem("spec.lease.minHoldSeconds",
                   f"must be at most spec.lease.durationSeconds ({duration}), not {min_hold}")

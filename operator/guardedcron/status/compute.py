@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from guardedcron import contract
-from guardedcron.objects import get_path
+from guardedcron.objects import controlled_by, get_path, uid_of
 from guardedcron.spec import ParsedSpec
 from guardedcron.status import conditions as cond
 from guardedcron.status.change import StatusChange, conditions_of, what_follows
@@ -192,7 +192,7 @@ def _ready(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[s
         return cond.READY, "False", "CronJobRejected", "the CronJob could not be applied: see Stalled"
     if cronjob is None:
         return cond.READY, "False", "CronJobMissing", f"CronJob {parsed.name} does not exist yet"
-    mismatch = cronjob_mismatch(parsed, cronjob, uid=get_path(gcj, "metadata", "uid"))
+    mismatch = cronjob_mismatch(parsed, cronjob, uid=uid_of(gcj))
     if mismatch is not None:
         return cond.READY, "False", "CronJobOutOfDate", f"CronJob {parsed.name} differs: {mismatch}"
     return cond.READY, "True", "CronJobReady", f"CronJob {parsed.name} is in place and guarded"
@@ -222,11 +222,8 @@ def cronjob_mismatch(parsed: ParsedSpec, cronjob: Mapping[str, Any], *, uid: obj
     if not isinstance(init, list) or not init or not isinstance(init[0], Mapping) \
             or init[0].get("name") != contract.GUARD_CONTAINER:
         return f"the first init container is not {contract.GUARD_CONTAINER}"
-    if isinstance(uid, str) and uid:
-        owners = get_path(cronjob, "metadata", "ownerReferences")
-        if not any(isinstance(o, Mapping) and o.get("uid") == uid and o.get("controller") is True
-                   for o in (owners if isinstance(owners, list) else [])):
-            return "it is not controlled by this GuardedCronJob (ownerReferences)"
+    if isinstance(uid, str) and uid and not controlled_by(cronjob, uid):
+        return "it is not controlled by this GuardedCronJob (ownerReferences)"
     return None
 
 

@@ -12,9 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from guardedcron.contract import ReleaseOutcome
 from guardedcron.status.runs import Outcome, RunRecord, bounded_reason
 
-RECORDED: Final = {Outcome.SUCCEEDED: "succeeded", Outcome.FAILED: "failed", Outcome.TIMED_OUT: "failed"}
+RECORDED: Final = {
+    Outcome.SUCCEEDED: ReleaseOutcome.SUCCEEDED.value,
+    Outcome.FAILED: ReleaseOutcome.FAILED.value,
+    Outcome.TIMED_OUT: ReleaseOutcome.FAILED.value,
+}
 
 
 @dataclass(frozen=True)

@@ -11,31 +11,39 @@ and size, and what cannot be read is named in `problem` rather than raised.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+from guardedcron.contract import (
+    CONTROL_CHARACTERS,
+    KEY_FENCE,
+    KEY_HOLDER,
+    KEY_OUTCOME,
+    KEY_REASON,
+    KEY_REQUESTER,
+    KEY_SLOT,
+)
+
 # Holder names are "[cluster/]namespace/pod": far below this. Longer text is not ours.
 TEXT_MAX: Final = 300
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
 class GuardReport:
     """The guard's termination message. For a skip, `holder`/`fence` are the winner's."""
 
-    outcome: str | None = None  # "acquired", "skipped" or "error"
+    outcome: str | None = None  # a contract.GuardOutcome, if the guard wrote it
     holder: str | None = None
     fence: int | None = None
     slot: int | None = None
     requester: str | None = None  # on a skip: the holder name this pod asked with
-    reason: str | None = None  # "lease-held", "slot-claimed", or the guard's error text
+    reason: str | None = None  # a contract.AcquireReason, or the guard's error text
     problem: str | None = None  # why the message could not be used, if it could not
 
 
 @dataclass(frozen=True)
 class KeeperReport:
-    """The keeper's termination message: "lost" (the lease went) or "released"."""
+    """The keeper's termination message; its outcome a contract.KeeperOutcome."""
 
     outcome: str | None = None
     holder: str | None = None
@@ -49,12 +57,12 @@ def read_guard_message(text: object) -> GuardReport:
     if data is None:
         return GuardReport(problem=problem)
     return GuardReport(
-        outcome=clean_text(data.get("outcome")),
-        holder=clean_text(data.get("holder")),
-        fence=_non_negative_int(data.get("fence")),
-        slot=_non_negative_int(data.get("slot")),
-        requester=clean_text(data.get("requester")),
-        reason=clean_text(data.get("reason")),
+        outcome=clean_text(data.get(KEY_OUTCOME)),
+        holder=clean_text(data.get(KEY_HOLDER)),
+        fence=_non_negative_int(data.get(KEY_FENCE)),
+        slot=_non_negative_int(data.get(KEY_SLOT)),
+        requester=clean_text(data.get(KEY_REQUESTER)),
+        reason=clean_text(data.get(KEY_REASON)),
     )
 
 
@@ -63,10 +71,10 @@ def read_keeper_message(text: object) -> KeeperReport:
     if data is None:
         return KeeperReport(problem=problem)
     return KeeperReport(
-        outcome=clean_text(data.get("outcome")),
-        holder=clean_text(data.get("holder")),
-        fence=_non_negative_int(data.get("fence")),
-        reason=clean_text(data.get("reason")),
+        outcome=clean_text(data.get(KEY_OUTCOME)),
+        holder=clean_text(data.get(KEY_HOLDER)),
+        fence=_non_negative_int(data.get(KEY_FENCE)),
+        reason=clean_text(data.get(KEY_REASON)),
     )
 
 
@@ -74,7 +82,7 @@ def clean_text(value: object, limit: int = TEXT_MAX) -> str | None:
     """A string fit for a status field: no control characters, bounded; else None."""
     if not isinstance(value, str):
         return None
-    text = _CONTROL.sub(" ", value).strip()
+    text = CONTROL_CHARACTERS.sub(" ", value).strip()
     if not text:
         return None
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from guardedcron import contract
-from guardedcron.builders import GUARD_ERROR_RULE_INDEX, SKIP_RULE_INDEX
+from guardedcron.contract import AcquireReason, GuardOutcome, KeeperOutcome
 from guardedcron.objects import get_path
 from guardedcron.status.reports import (
     GuardReport,
@@ -34,8 +34,6 @@ from guardedcron.status.reports import (
 )
 from guardedcron.status.times import epoch_minute, format_time, parse_time
 
-# kubectl create job --from=cronjob/x sets this; the CronJob controller never does.
-ANNOTATION_KUBECTL_INSTANTIATE: Final = "cronjob.kubernetes.io/instantiate"
 REASON_MAX: Final = 512
 # The end of a Lost run's reason while its workload runs on.
 STILL_RUNNING: Final = "; workload still running"
@@ -119,7 +117,7 @@ class RunRecord:
         """A record written by an earlier pass; None when it is not one (edited by hand)."""
         if not isinstance(item, Mapping):
             return None
-        job = clean_text(item.get("job"), 253)
+        job = clean_text(item.get("job"), contract.NAME_MAX)
         value = item.get("outcome")
         if job is None or not isinstance(value, str) or value not in _OUTCOME_VALUES:
             return None
@@ -134,7 +132,7 @@ class RunRecord:
             fence=_int_or_none(item.get("fence")),
             slot=slot,
             manual=manual,
-            scheduled_at=None if manual or slot is None else datetime.fromtimestamp(slot * 60, UTC),
+            scheduled_at=None if manual or slot is None else slot_start(slot),
             started_at=parse_time(item.get("startedAt")),
             finished_at=parse_time(item.get("finishedAt")),
         )
@@ -147,7 +145,7 @@ def classify_run(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> R
     scheduled_at = None if manual else scheduled_time(job)
     slot = None if manual else scheduled_slot(job)
     if scheduled_at is None and slot is not None:
-        scheduled_at = datetime.fromtimestamp(slot * 60, UTC)
+        scheduled_at = slot_start(slot)
 
     pod = _pick_pod(pods)
     guard = _container_status(pod, contract.GUARD_CONTAINER, init=True)
@@ -180,7 +178,7 @@ def is_manual(job: Mapping[str, Any]) -> bool:
     annotations = _mapping(get_path(job, "metadata", "annotations"))
     if contract.ANNOTATION_MANUAL in annotations:
         return True
-    if annotations.get(ANNOTATION_KUBECTL_INSTANTIATE) == "manual":
+    if annotations.get(contract.ANNOTATION_KUBECTL_INSTANTIATE) == contract.INSTANTIATE_MANUAL:
         return True
     if contract.ANNOTATION_SCHEDULED_TIMESTAMP in annotations:
         return False
@@ -205,12 +203,26 @@ def scheduled_slot(job: Mapping[str, Any]) -> int | None:
     return epoch_minute(at) if at is not None else None
 
 
+def slot_start(slot: int) -> datetime | None:
+    """The instant a slot (minutes since the epoch) begins; None past what a datetime holds
+    (year 9999): such a name still has the scheduled shape, but no time to show."""
+    try:
+        return datetime.fromtimestamp(slot * 60, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def _slot_from_name(job: Mapping[str, Any]) -> int | None:
+    """The slot the guard claims for this Job (contract.slot_from_job_name). A minute
+    past a bigint gives none: the guard refuses such a name before it takes anything."""
     name = str(get_path(job, "metadata", "name") or "")
     for cronjob in _cronjob_names(job):
-        match = re.fullmatch(re.escape(cronjob) + r"-(\d{1,12})", name)
-        if match:
-            return int(match.group(1))
+        try:
+            slot = contract.slot_from_job_name(name, cronjob)
+        except contract.SlotOutOfRange:
+            return None
+        if slot is not None:
+            return slot
     return None
 
 
@@ -237,13 +249,13 @@ class _Facts:
 def _skipped(base: _Facts, report: GuardReport, guard_finished: datetime | None) -> RunRecord:
     finished = base.job_finished or guard_finished or base.job_started
     slot = report.slot if report.slot is not None else base.slot
-    if report.outcome != "skipped":
+    if report.outcome != GuardOutcome.SKIPPED:
         why = report.problem or f"its message says {report.outcome!r}"
         return base.record(Outcome.SKIPPED, f"guard exited 75 (not acquired); {why}",
                            slot=slot, finished_at=finished)
-    if report.reason == "slot-claimed":
+    if report.reason == AcquireReason.SLOT_CLAIMED:
         reason = f"slot {slot} already ran under {report.holder or 'an unknown holder'}"
-    elif report.reason == "row-busy":
+    elif report.reason == AcquireReason.ROW_BUSY:
         reason = "lease row busy with a fenced write of the previous holder"
     else:
         reason = f"lease held by {report.holder or 'an unknown holder'}"
@@ -263,7 +275,7 @@ def _guard_error(base: _Facts, report: GuardReport, exit_code: int | None, guard
         contract.EXIT_SCHEMA: "database schema missing or outdated",
     }.get(exit_code or 0) or clean_text(guard_end.get("reason")) or "crashed"
     reason = f"guard exited {exit_code if exit_code is not None else '?'} ({meaning})"
-    if report.outcome == "error" and report.reason:
+    if report.outcome == GuardOutcome.ERROR and report.reason:
         reason += f": {report.reason}"
     return base.record(Outcome.GUARD_ERROR, reason, holder=report.holder, finished_at=finished)
 
@@ -272,7 +284,7 @@ def _after_acquiring(base: _Facts, report: GuardReport, job: Mapping[str, Any],
                      terminal: Mapping[str, Any] | None, pod: Mapping[str, Any] | None,
                      keeper_lost: KeeperReport | None, guard_finished: datetime | None) -> RunRecord:
     fields: dict[str, Any] = {"started_at": guard_finished or base.job_started}
-    if report.outcome == "acquired" and report.fence is not None:
+    if report.outcome == GuardOutcome.ACQUIRED and report.fence is not None:
         fields |= {"holder": report.holder, "fence": report.fence}
         if report.slot is not None:
             fields["slot"] = report.slot
@@ -328,9 +340,9 @@ def _terminal_outcome(job: Mapping[str, Any], terminal: Mapping[str, Any],
         return Outcome.TIMED_OUT, f"active deadline exceeded{limit}"
     if reason == "PodFailurePolicy":
         match = _RULE_MESSAGE.search(message)
-        if match and int(match.group(2)) == SKIP_RULE_INDEX:
+        if match and int(match.group(2)) == contract.SKIP_RULE_INDEX:
             return Outcome.SKIPPED, f"guard exited {match.group(1)} (not acquired); the pod is gone"
-        if match and int(match.group(2)) == GUARD_ERROR_RULE_INDEX:
+        if match and int(match.group(2)) == contract.GUARD_ERROR_RULE_INDEX:
             return Outcome.GUARD_ERROR, f"guard exited {match.group(1)}; the pod is gone"
     failed = _failed_workload_container(pod) or _pod_failure(pod)
     if failed is not None:
@@ -403,7 +415,8 @@ def _keeper_loss(pod: Mapping[str, Any] | None) -> KeeperReport | None:
         if ended is None:
             continue
         report = read_keeper_message(ended.get("message"))
-        if report.outcome == "lost" or _int_or_none(ended.get("exitCode")) == contract.EXIT_LEASE_LOST:
+        exit_code = _int_or_none(ended.get("exitCode"))
+        if report.outcome == KeeperOutcome.LOST or exit_code == contract.EXIT_LEASE_LOST:
             return report
     return None
 
