@@ -13,7 +13,16 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from guardedcron.contract import EXIT_INTERNAL, EXIT_USAGE
+from guardedcron.contract import (
+    EXIT_INTERNAL,
+    EXIT_USAGE,
+    KEY_EXIT_CODE,
+    KEY_HOLDER,
+    KEY_LOCK,
+    KEY_OUTCOME,
+    KEY_REASON,
+    GuardOutcome,
+)
 from guardedcron.guard import redaction
 
 # How much of an unexpected exception's message the last-resort line shows.
@@ -109,11 +118,11 @@ def report_internal_error(command: str, argv: list[str], exc: Exception) -> int:
 
         write_termination_message(
             {
-                "outcome": "error",
-                "exitCode": EXIT_INTERNAL,
-                "lock": _option(argv, "--lock"),
-                "holder": _option(argv, "--holder"),
-                "reason": reason,
+                KEY_OUTCOME: GuardOutcome.ERROR,
+                KEY_EXIT_CODE: EXIT_INTERNAL,
+                KEY_LOCK: _option(argv, "--lock"),
+                KEY_HOLDER: _option(argv, "--holder"),
+                KEY_REASON: reason,
             }
         )
     return EXIT_INTERNAL
