@@ -13,18 +13,13 @@ import pytest
 
 from guardedcron.devenv.postgres import ThrowawayPostgres
 from guardedcron.devenv.toxiproxy import Toxiproxy
+from tests.support.suite_order import QUIET_MACHINE_MARKER, quiet_checks_first_e2e_last
 from tests.support.toxiproxy import Proxied, proxy_in_front
 
-# --- where timed checks run --------------------------------------------------------------
-QUIET_MACHINE = "quiet_machine"
 
-
+# --- where timed checks run (tests/support/suite_order.py) ----------------------------
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        f"{QUIET_MACHINE}: times the guard itself (the seeds' 5-second check), so it runs first,"
-        " before any session-wide server or control plane has started",
-    )
+    config.addinivalue_line("markers", QUIET_MACHINE_MARKER)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -37,16 +32,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Quiet-machine checks first; the e2e suite last, because its control planes are
-    session-scoped and keep running beside every test after the first e2e test. Otherwise
-    the collection order (the sort is stable)."""
-
-    def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker(QUIET_MACHINE):
-            return 0
-        return 2 if item.get_closest_marker("e2e") else 1
-
-    items.sort(key=rank)
+    quiet_checks_first_e2e_last(items)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""The suite's order (tests/conftest.py): checks that time the guard run first, before any
-session-wide server or control plane has started, and the e2e suite last, since its control
-planes run until the session ends. Checked on a small suite collected by a real pytest."""
+"""The suite's order (tests/support/suite_order.py, hooked in by tests/conftest.py): checks
+that time the guard run first, before any session-wide server or control plane has started,
+and the e2e suite last, since its control planes run until the session ends. Checked on a
+small suite collected by a real pytest."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ from pathlib import Path
 from tests.support import REPO
 
 FILES = {
-    "conftest.py": "from tests.conftest import pytest_collection_modifyitems, pytest_configure  # noqa\n",
+    # the same two hooks as tests/conftest.py
+    "conftest.py": (
+        "import pytest\n"
+        "from tests.support.suite_order import QUIET_MACHINE_MARKER, quiet_checks_first_e2e_last\n"
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', QUIET_MACHINE_MARKER)\n"
+        "@pytest.hookimpl(trylast=True)\n"
+        "def pytest_collection_modifyitems(config, items):\n"
+        "    quiet_checks_first_e2e_last(items)\n"
+    ),
     "pytest.ini": "[pytest]\naddopts = --strict-markers\nmarkers =\n    e2e: a control plane\n",
     # named so that the collection order is the opposite of the order wanted
     "test_a_e2e.py": "import pytest\npytestmark = pytest.mark.e2e\ndef test_cluster(): pass\n",
