@@ -25,7 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guardedcron.contract import ENV_DSN, GUARD_CONTAINER, LABEL_NAME, RUN_DIR
+from guardedcron.contract import (
+    ENV_DSN,
+    GUARD_CONTAINER,
+    KEY_FENCE,
+    KEY_HOLDER,
+    KEY_OUTCOME,
+    KEY_REASON,
+    LABEL_NAME,
+    RUN_DIR,
+    GuardOutcome,
+)
 from guardedcron.devenv.admin_api import AdminApi, ApiError
 from guardedcron.devenv.controlplane import ControlPlane
 from guardedcron.devenv.demo_workload import INVOICE_TABLE
@@ -177,20 +187,20 @@ def describe_run(cluster: Cluster, job: dict[str, Any]) -> str | None:
             if status["name"] == GUARD_CONTAINER and message:
                 with contextlib.suppress(ValueError):
                     guard = json.loads(message)
-    if guard.get("outcome") == "acquired":
+    if guard.get(KEY_OUTCOME) == GuardOutcome.ACQUIRED:
         if "Complete" in done:
-            return f"{name}: guard won the lease with fence {guard.get('fence')} -> workload Succeeded"
+            return f"{name}: guard won the lease with fence {guard.get(KEY_FENCE)} -> workload Succeeded"
         output = "".join(
             cluster.kubelet.container_log(NAMESPACE, p["metadata"]["name"], "task") for p in pods
         )
         return (
-            f"{name}: guard won the lease with fence {guard.get('fence')} -> workload Failed:\n"
+            f"{name}: guard won the lease with fence {guard.get(KEY_FENCE)} -> workload Failed:\n"
             f"{output[-1500:]}"
         )
-    if guard.get("outcome") == "skipped":
+    if guard.get(KEY_OUTCOME) == GuardOutcome.SKIPPED:
         return (
-            f"{name}: Skipped -- {guard.get('reason')}: {guard.get('holder')} "
-            f"holds fence {guard.get('fence')}"
+            f"{name}: Skipped -- {guard.get(KEY_REASON)}: {guard.get(KEY_HOLDER)} "
+            f"holds fence {guard.get(KEY_FENCE)}"
         )
     verdict = "Complete" if "Complete" in done else "Failed"
     return f"{name}: {verdict} ({guard.get('reason', 'no guard message')})"
