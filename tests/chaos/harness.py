@@ -780,18 +780,22 @@ class Chaos:
             self.record(c.finish())
 
     def final_clean_runs(self) -> None:
-        """One undisturbed run per lock: it must win (once the lease is free) and finish the work."""
-        for lock in sorted(self.locks):
-            for attempt_no in range(60):
-                c = self.spawn(lock, f"final.{lock}.{attempt_no}", None, 5.0, None)
-                c.proc.wait(timeout=120)
-                c.reap()
-                self.record(c.finish())
-                if c.proc.returncode == 0:
-                    break
-                time.sleep(0.5)
-            else:
-                self.problem(f"no clean final run of {lock} succeeded")
+        """One undisturbed run per lock: it must win (once the lease is free) and finish the work.
+
+        Locks are independent, so their final runs go two at a time (one per core)."""
+        with ThreadPoolExecutor(2, thread_name_prefix="final") as pool:
+            list(pool.map(self.final_clean_run, sorted(self.locks)))
+
+    def final_clean_run(self, lock: str) -> None:
+        for attempt_no in range(60):
+            c = self.spawn(lock, f"final.{lock}.{attempt_no}", None, 5.0, None)
+            c.proc.wait(timeout=120)
+            c.reap()
+            self.record(c.finish())
+            if c.proc.returncode == 0:
+                return
+            time.sleep(0.5)
+        self.problem(f"no clean final run of {lock} succeeded")
 
     def store_attempts(self) -> None:
         self.admin.run(partial(store_attempts, self.attempts))
