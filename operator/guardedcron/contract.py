@@ -197,7 +197,9 @@ def slot_from_job_name(job_name: str, cronjob: str) -> int | None:
     if match is None:
         return None
     digits = match.group(1)
-    # Compared on the digits first, so that no length of name costs more than that.
-    if len(digits.lstrip("0")) > _BIGINT_DIGITS or int(digits) > BIGINT_MAX:
+    # Compared on the significant digits first, so that no length of name costs more than
+    # that (and int() never sees more digits than it converts).
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > _BIGINT_DIGITS or int(significant) > BIGINT_MAX:
         raise SlotOutOfRange(digits)
-    return int(digits)
+    return int(significant)

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from guardedcron import contract
 from guardedcron.builders import build_pod_failure_policy
-from guardedcron.cli.guard_commands import parse_slot
+from guardedcron.cli.guard_commands import parse_integer, parse_slot
 from guardedcron.contract import (
     BIGINT_MAX,
     AcquireReason,
@@ -70,6 +70,7 @@ PACKAGE = REPO / "operator" / "guardedcron"
         ("other-12", "nightly", None),
         ("nightly-12", "", None),
         ("nightly-١٢٣", "nightly", None),  # digits, but not ASCII: no Job name has them
+        ("c-" + "0" * 5000 + "1", "c", 1),  # more digits than int() converts, nearly all zeros
     ],
 )
 def test_the_slot_rule(name: str, cronjob: str, slot: int | None) -> None:
@@ -114,6 +115,14 @@ def test_the_guard_and_the_status_read_the_same_slot(suffix: str) -> None:
 def test_the_guard_refuses_a_minute_past_a_bigint_in_the_job_name() -> None:
     with pytest.raises(BadInput, match=f"the scheduled minute in --job-name must be from 0 to {BIGINT_MAX}"):
         guard_slot(f"c-{BIGINT_MAX + 1}", "c")
+
+
+@pytest.mark.parametrize("option", ["--slot", "--retain-days"])
+def test_leading_zeros_past_int_conversion_limit_are_read_not_crashed_on(option: str) -> None:
+    # `int()` refuses strings of more than 4300 digits; the guard exited 70 (internal error).
+    text = "0" * 5000 + "7"
+    assert parse_integer(option, text, minimum=0, maximum=BIGINT_MAX) == 7
+    assert parse_integer(option, "-" + text, minimum=-10, maximum=0) == -7
 
 
 def test_a_slot_past_year_9999_is_a_scheduled_run_without_a_time() -> None:

@@ -155,8 +155,10 @@ def parse_integer(what: str, text: str, *, minimum: int, maximum: int) -> int:
     stripped = text.strip()
     if not _INTEGER.fullmatch(stripped):
         raise BadInput(f"{what} must be an integer from {minimum} to {maximum}, got {shown(text)}")
-    digits = stripped.lstrip("+-").lstrip("0")
-    value = int(stripped) if len(digits) <= len(str(BIGINT_MAX)) else None
+    # int() gets the significant digits only: with thousands of leading zeros it would raise.
+    digits = stripped.lstrip("+-").lstrip("0") or "0"
+    sign = -1 if stripped.startswith("-") else 1
+    value = sign * int(digits) if len(digits) <= len(str(BIGINT_MAX)) else None
     if value is None or not minimum <= value <= maximum:
         raise BadInput(f"{what} must be from {minimum} to {maximum}, got {shown(text)}")
     return value
