@@ -19,6 +19,7 @@ import pytest
 
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.lease import AcquireRequest
+from tests.chaos.invariants import Findings, check_history
 from tests.chaos.network import bounded_dsn
 from tests.chaos.schema import enqueue
 from tests.chaos.test_single_faults import admin, findings, run_outcomes, take
@@ -216,3 +217,25 @@ def test_reset_connections_are_retried_and_the_work_done_once(
     found = findings(chaos_dsn)
     assert found.violations == []
     assert found.figures["items"] == 6 and found.figures["duplicates"] == 0
+
+
+def test_the_fence_history_check_catches_a_fence_that_went_backwards(chaos_dsn: str) -> None:
+    """Fences are not consecutive since schema 3; the check asks that they only grow. Its
+    control: two honest grants pass, a third granted a smaller fence is reported."""
+    first = take(chaos_dsn, "job", "a", 0.1)
+    time.sleep(0.15)
+    second = take(chaos_dsn, "job", "b", 0.1)
+    assert second > first
+    with admin(chaos_dsn) as conn:
+        found = Findings()
+        check_history(conn, found)
+        assert not [v for v in found.violations if v.startswith("locks whose fences")]
+        # A grant recorded after b's with a's older fence: what a fence going backwards looks like.
+        conn.execute(
+            "INSERT INTO guardedcron.runs (lock_name, holder, fence, started_at, outcome)"
+            " VALUES ('job', 'c', %s, clock_timestamp(), 'abandoned')",
+            (first,),
+        )
+        found = Findings()
+        check_history(conn, found)
+    assert [v for v in found.violations if v.startswith("locks whose fences did not only grow")]
