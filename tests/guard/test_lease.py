@@ -191,7 +191,9 @@ def test_lease_taken_inside_a_long_transaction_uses_the_current_time(dsn: str) -
         time.sleep(1.5)
         # The library refuses this (a rollback could undo a won lease); the SQL function
         # itself must still read the current time when another client calls it like this.
-        result = conn.execute("SELECT acquired FROM guardedcron.acquire_v2('job', 'a', 1.0, 0, NULL, 90, 10000)")
+        result = conn.execute(
+            "SELECT acquired FROM guardedcron.acquire_v2('job', 'a', 1.0, 0, NULL, 90, 10000)"
+        )
         assert result.fetchone() == (True,)
         row = conn.execute(
             "SELECT locked_until > clock_timestamp(), locked_until > now() + "
