@@ -443,11 +443,12 @@ class Chaos:
         for number in range(NETWORK_SEATS):
             seats.put(self.network_seat(lane, number))
         quota = plan.share(plan.faults_per_kind, plan.network_lanes)
-        hits: Counter[str] = Counter()
+        struck: list[str] = []  # kinds applied so far; appended by contender threads
         round_no = 0
         next_round = 0.0
         with ThreadPoolExecutor(NETWORK_SEATS, thread_name_prefix=f"net{lane}") as pool:
             while not self._abort.is_set():
+                hits = Counter(struck)
                 wanted = [kind for kind in NETWORK_FAULT_KINDS if hits[kind] < quota]
                 if not wanted:
                     break
@@ -473,7 +474,6 @@ class Chaos:
                 strike_at = rng.randint(0, 1)  # a struck holder that resumes may leave no more
                 barrier = threading.Barrier(size)
                 out = [threading.Event() for _ in taken]
-                struck: list[str] = []
                 for i, (link, proxy) in enumerate(taken):
                     attempt = Attempt(f"n{lane}.{round_no}.{i}", "connection", lock, round_no)
                     pool.submit(
@@ -489,9 +489,8 @@ class Chaos:
                         rng.random(),
                         partial(seats.put, (link, proxy)),
                     )
-                for event in out:
+                for event in out:  # set once each contender has its answer (a winner works on)
                     event.wait()
-                hits.update(struck)
                 with self._book:
                     self.rounds["network"] += 1
         self.lane_seconds[f"network-{lane}"] = round(time.monotonic() - self.started, 1)
@@ -540,6 +539,9 @@ class Chaos:
             if phase == "acquire":
                 hit()
             result = self.acquire_on(conn, attempt, lease)
+            # The next round need not wait for this one's work: seats (6 a lane) bound how
+            # many contenders are in flight, and a winner keeps its seat while it works.
+            out.set()
             if result is not None and result.acquired:
                 self.work_and_release(
                     seat,
