@@ -324,3 +324,32 @@ def test_renew_release_and_mark_lost_work_under_serializable(dsn: str) -> None:
         assert lease_ops.renew(conn, "job", "A", held.fence, 120).ok
         assert lease_ops.mark_lost(conn, "job", "A", held.fence, "test") is True
         assert lease_ops.release(conn, "job", "A", held.fence, "failed").ok
+
+
+# --- an ended generation stays ended ------------------------------------------------------------
+def test_a_renewal_that_arrives_after_the_release_does_not_revive_the_lease(dsn: str) -> None:
+    """The keeper releases on SIGTERM while its last renewal may still be in flight."""
+    with connect(dsn) as conn:
+        held = lease_ops.acquire(conn, AcquireRequest("job", "A", 60))
+        assert lease_ops.release(conn, "job", "A", held.fence, "finished").ok
+        late = lease_ops.renew(conn, "job", "A", held.fence, 60)
+        assert not late.ok
+        free = conn.execute(
+            "SELECT locked_until <= clock_timestamp() FROM guardedcron.leases WHERE lock_name = 'job'"
+        ).fetchone()
+        assert free == (True,)
+        assert lease_ops.acquire(conn, AcquireRequest("job", "B", 60)).acquired
+
+
+def test_the_same_holder_and_slot_after_its_release_is_not_a_retry(dsn: str) -> None:
+    """Within the minimum hold the released lease still lives; asking again for the slot
+    it ran is a second run of that slot, not a retried call."""
+    with connect(dsn) as conn:
+        held = lease_ops.acquire(conn, AcquireRequest("job", "A", 60, min_hold_seconds=30, slot=7))
+        assert lease_ops.release(conn, "job", "A", held.fence, "succeeded").ok
+        again = lease_ops.acquire(conn, AcquireRequest("job", "A", 60, slot=7))
+        assert (again.acquired, again.reason) == (False, "slot-claimed")
+        old_guard = conn.execute(
+            "SELECT released FROM guardedcron.release_v1('job', 'A', 'finished', '')"
+        ).fetchone()
+        assert old_guard == (True,)  # release_v1 (holder only) still answers for deployed keepers

@@ -28,6 +28,9 @@ SELECT CASE WHEN high = 0 THEN setval('guardedcron.fences', 1, false)
 
 ALTER TABLE guardedcron.leases ADD COLUMN slot bigint;
 UPDATE guardedcron.leases l SET slot = r.slot FROM guardedcron.runs r WHERE r.id = l.run_id;
+-- Set by release: a generation that ended is never renewed again (a renewal still in
+-- flight when the keeper released would otherwise extend it), nor answered 'already-held'.
+ALTER TABLE guardedcron.leases ADD COLUMN released_at timestamptz;
 
 -- check_fence asks "has this lock started a run with a newer fence?"
 CREATE INDEX runs_lock_fence ON guardedcron.runs (lock_name, fence) WHERE fence IS NOT NULL;
@@ -134,7 +137,7 @@ BEGIN
     t := clock_timestamp();
 
     IF cur.locked_until > t THEN
-        IF cur.holder = p_holder AND cur.slot IS NOT DISTINCT FROM p_slot THEN
+        IF cur.holder = p_holder AND cur.slot IS NOT DISTINCT FROM p_slot AND cur.released_at IS NULL THEN
             -- The same holder asking again for the same run (a retried call).
             RETURN QUERY SELECT true, 'already-held'::text, cur.holder, cur.fence, cur.locked_until, cur.run_id, t;
             RETURN;
@@ -184,7 +187,7 @@ BEGIN
        SET holder = p_holder, fence = new_fence, acquired_at = t,
            locked_until = t + lease,
            min_hold_until = t + make_interval(secs => p_min_hold_seconds),
-           run_id = new_run, slot = p_slot
+           run_id = new_run, slot = p_slot, released_at = NULL
      WHERE l.lock_name = p_lock;
 
     IF p_slot IS NOT NULL THEN
@@ -207,7 +210,10 @@ BEGIN
 END
 $$;
 
--- Extend a lease; only the holder with the current (positive) fence may. Never shortens.
+-- Extend a lease; only the holder with the current (positive) fence may, and not after
+-- it released the lease: an ended generation stays ended. (A lease that ran out but was
+-- not taken over can still be renewed by its holder: no one holds a newer fence.)
+-- Never shortens.
 CREATE FUNCTION guardedcron.renew_v2(
     p_lock text, p_holder text, p_fence bigint, p_lease_seconds double precision
 ) RETURNS TABLE (renewed boolean, holder text, fence bigint, locked_until timestamptz, db_now timestamptz)
@@ -221,7 +227,7 @@ BEGIN
     UPDATE guardedcron.leases l
        SET locked_until = greatest(l.locked_until, t + make_interval(secs => p_lease_seconds))
      WHERE l.lock_name = p_lock AND l.holder = p_holder AND l.fence = p_fence
-       AND p_fence > 0 AND p_holder <> ''
+       AND p_fence > 0 AND p_holder <> '' AND l.released_at IS NULL
     RETURNING l.* INTO cur;
     IF FOUND THEN
         RETURN QUERY SELECT true, cur.holder, cur.fence, cur.locked_until, t;
@@ -251,7 +257,8 @@ BEGIN
     END IF;
     t := clock_timestamp();
     UPDATE guardedcron.leases l
-       SET locked_until = greatest(l.min_hold_until, least(l.locked_until, t))
+       SET locked_until = greatest(l.min_hold_until, least(l.locked_until, t)),
+           released_at = coalesce(l.released_at, t)
      WHERE l.lock_name = p_lock
     RETURNING l.* INTO cur;
     UPDATE guardedcron.runs r
@@ -261,7 +268,8 @@ BEGIN
 END
 $$;
 
--- Guards already deployed call the _v1 names: give them the v2 behaviour.
+-- Guards already deployed call the _v1 names: give them the v2 behaviour. release_v1
+-- stays holder-only (it has no fence to check) but ends the generation the same way.
 CREATE OR REPLACE FUNCTION guardedcron.acquire_v1(
     p_lock text,
     p_holder text,
@@ -277,6 +285,17 @@ CREATE OR REPLACE FUNCTION guardedcron.acquire_v1(
 LANGUAGE sql AS $$
     SELECT * FROM guardedcron.acquire_v2(p_lock, p_holder, p_lease_seconds, p_min_hold_seconds,
                                          p_slot, p_retain_days, p_retain_runs)
+$$;
+
+CREATE OR REPLACE FUNCTION guardedcron.release_v1(
+    p_lock text, p_holder text, p_outcome text, p_reason text
+) RETURNS TABLE (released boolean, holder text, fence bigint, locked_until timestamptz,
+                 run_id bigint, db_now timestamptz)
+LANGUAGE sql AS $$
+    SELECT * FROM guardedcron.release_v2(
+        p_lock, p_holder,
+        (SELECT l.fence FROM guardedcron.leases l WHERE l.lock_name = p_lock AND l.holder = p_holder),
+        p_outcome, p_reason)
 $$;
 
 CREATE OR REPLACE FUNCTION guardedcron.renew_v1(
