@@ -136,30 +136,14 @@ BEGIN
     END IF;
     t := clock_timestamp();
 
-    IF cur.locked_until > t THEN
-        IF cur.holder = p_holder AND cur.slot IS NOT DISTINCT FROM p_slot AND cur.released_at IS NULL THEN
-            -- The same holder asking again for the same run (a retried call).
-            RETURN QUERY SELECT true, 'already-held'::text, cur.holder, cur.fence, cur.locked_until, cur.run_id, t;
-            RETURN;
-        END IF;
-        -- Held by someone else, or by this holder id for another run (a reused id must not
-        -- turn a second slot into a retry of the first).
-        IF p_slot IS NOT NULL THEN
-            SELECT * INTO claim FROM guardedcron.slot_claims c
-             WHERE c.lock_name = p_lock AND c.slot = p_slot;
-            IF FOUND THEN
-                skip_run := guardedcron._record_skip(p_lock, p_holder, p_slot,
-                    format('slot %s already run by %s (fence %s) at %s', p_slot, claim.holder, claim.fence, claim.claimed_at), t);
-                RETURN QUERY SELECT false, 'slot-claimed'::text, claim.holder, claim.fence, cur.locked_until, skip_run, t;
-                RETURN;
-            END IF;
-        END IF;
-        skip_run := guardedcron._record_skip(p_lock, p_holder, p_slot,
-            format('lease held by %s (fence %s) until %s', cur.holder, cur.fence, cur.locked_until), t);
-        RETURN QUERY SELECT false, 'lease-held'::text, cur.holder, cur.fence, cur.locked_until, skip_run, t;
+    IF cur.locked_until > t AND cur.holder = p_holder AND cur.slot IS NOT DISTINCT FROM p_slot
+       AND cur.released_at IS NULL THEN
+        -- The same holder asking again for the same run (a retried call).
+        RETURN QUERY SELECT true, 'already-held'::text, cur.holder, cur.fence, cur.locked_until, cur.run_id, t;
         RETURN;
     END IF;
 
+    -- A slot runs once, whoever holds the lease now.
     IF p_slot IS NOT NULL THEN
         SELECT * INTO claim FROM guardedcron.slot_claims c
          WHERE c.lock_name = p_lock AND c.slot = p_slot;
@@ -169,6 +153,15 @@ BEGIN
             RETURN QUERY SELECT false, 'slot-claimed'::text, claim.holder, claim.fence, cur.locked_until, skip_run, t;
             RETURN;
         END IF;
+    END IF;
+
+    IF cur.locked_until > t THEN
+        -- Held by someone else, or by this holder id for another run (a reused id must not
+        -- turn a second slot into a retry of the first).
+        skip_run := guardedcron._record_skip(p_lock, p_holder, p_slot,
+            format('lease held by %s (fence %s) until %s', cur.holder, cur.fence, cur.locked_until), t);
+        RETURN QUERY SELECT false, 'lease-held'::text, cur.holder, cur.fence, cur.locked_until, skip_run, t;
+        RETURN;
     END IF;
 
     new_fence := guardedcron._next_fence(p_lock, cur.fence);
