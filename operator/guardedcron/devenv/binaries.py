@@ -177,21 +177,35 @@ def ensure_binaries(progress: Progress = print) -> Paths:
     cache_root = build_cache_root(os.environ)
     version_dir = cache_root / build_version_dir_name(kube_version, etcd_version)
     paths = Paths(version_dir / "bin", kube_version, etcd_version)
-    wanted = build_stamp(sources_digest(), kube_version, etcd_version)
-    forced = os.environ.get(REBUILD_ENV, "") not in ("", "0")
+    build_cached(
+        version_dir,
+        lambda: build_stamp(sources_digest(), kube_version, etcd_version),
+        lambda wanted: _is_current(paths, wanted),
+        lambda: _build_all(paths, cache_root, progress),
+    )
+    return paths
 
-    if not forced and _is_current(paths, wanted):
-        return paths
+
+def build_cached(
+    version_dir: Path,
+    stamp: Callable[[], dict[str, str]],
+    is_current: Callable[[dict[str, str]], bool],
+    build: Callable[[], None],
+) -> None:
+    """The cache protocol of every Go-built tool: reuse the build when its stamp matches
+    (unless GUARDEDCRON_REBUILD is set), else build under a file lock and write the stamp."""
+    wanted = stamp()
+    forced = os.environ.get(REBUILD_ENV, "") not in ("", "0")
+    if not forced and is_current(wanted):
+        return
     version_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(version_dir / ".lock"):
         # Another process may have finished the same build while we waited for the lock.
-        if not forced and _is_current(paths, wanted):
-            return paths
-        _build_all(paths, cache_root, progress)
-        # Digest again: with -mod=mod go may have completed go.sum during the build.
-        built = build_stamp(sources_digest(), kube_version, etcd_version)
-        (version_dir / STAMP_FILE).write_text(json.dumps(built, indent=2) + "\n")
-    return paths
+        if not forced and is_current(wanted):
+            return
+        build()
+        # Stamp again: with -mod=mod go may have completed go.sum during the build.
+        (version_dir / STAMP_FILE).write_text(json.dumps(stamp(), indent=2) + "\n")
 
 
 def _is_current(paths: Paths, wanted: dict[str, str]) -> bool:

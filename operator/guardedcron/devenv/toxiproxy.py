@@ -41,13 +41,12 @@ from guardedcron.devenv.binaries import (
     BUILD_LOG,
     FAILURE_TAIL_LINES,
     GO_SOURCES,
-    REBUILD_ENV,
     STAMP_FILE,
     BuildError,
     Progress,
     build_cache_root,
+    build_cached,
     build_go_env,
-    exclusive_lock,
     required_version,
     sources_digest,
 )
@@ -94,20 +93,12 @@ def ensure_toxiproxy(progress: Progress = print) -> Path:
     cache_root = build_cache_root(os.environ)
     version_dir = cache_root / f"toxiproxy-{version}"
     binary = version_dir / "bin" / BINARY_NAME
-    wanted = build_stamp(sources_digest(TOXIPROXY_SOURCES), version)
-    forced = os.environ.get(REBUILD_ENV, "") not in ("", "0")
-
-    if not forced and _is_current(binary, wanted):
-        return binary
-    version_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(version_dir / ".lock"):
-        # Another process may have finished the same build while we waited for the lock.
-        if not forced and _is_current(binary, wanted):
-            return binary
-        _build(binary, version, cache_root, progress)
-        # Digest again: with -mod=mod go may have completed go.sum during the build.
-        built = build_stamp(sources_digest(TOXIPROXY_SOURCES), version)
-        (version_dir / STAMP_FILE).write_text(json.dumps(built, indent=2) + "\n")
+    build_cached(
+        version_dir,
+        lambda: build_stamp(sources_digest(TOXIPROXY_SOURCES), version),
+        lambda wanted: _is_current(binary, wanted),
+        lambda: _build(binary, version, cache_root, progress),
+    )
     return binary
 
 
