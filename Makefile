@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml .ci/bootstrap
+$(VENV)/.installed: pyproject.toml operator/devenv/pyproject.toml .ci/bootstrap
 	bash .ci/bootstrap
 	@touch $@
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from tests.support import GUARDEDCRON
 
 from bench.common import Table, Tree, median, migrated_database, ms, percentile
-from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.postgres import ThrowawayPostgres
 
 LOCK = "cold-start"
 HELD_LOCK = "cold-held"

@@ -26,8 +26,8 @@ from typing import Any
 
 import psycopg
 
-from guardedcron.devenv.postgres import ThrowawayPostgres
 from guardedcron.guard.migrations import migrate
+from guardedcron_devenv.postgres import ThrowawayPostgres
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 

@@ -43,7 +43,7 @@ from bench.common import (
     statements_since_reset,
     wal_lsn,
 )
-from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.postgres import ThrowawayPostgres
 
 LOCK = "bench-lock"
 ADVISORY_KEY = 4242

@@ -11,8 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from guardedcron.devenv.postgres import ThrowawayPostgres
-from guardedcron.devenv.toxiproxy import Toxiproxy
+from guardedcron_devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.support.suite_order import QUIET_MACHINE_MARKER, quiet_checks_first_e2e_last
 from tests.support.toxiproxy import Proxied, proxy_in_front
 

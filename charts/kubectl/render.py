@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from guardedcron.devenv.tools import ensure_helm
+from guardedcron_devenv.tools import ensure_helm
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT = REPO / "charts" / "kubectl" / "operator.yaml"

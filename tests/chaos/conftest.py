@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from guardedcron.devenv.postgres import ThrowawayPostgres
-from guardedcron.devenv.toxiproxy import Toxiproxy
+from guardedcron_devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.chaos.plan import Plan, add_options, plan_from_options
 from tests.chaos.schema import create_database
 from tests.support.toxiproxy import Proxied, proxy_in_front

@@ -46,10 +46,10 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from guardedcron.devenv.postgres import ThrowawayPostgres
-from guardedcron.devenv.toxiproxy import Proxy, Toxiproxy
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.lease import AcquireRequest
+from guardedcron_devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.toxiproxy import Proxy, Toxiproxy
 from tests.chaos.contenders import (
     Admin,
     Attempt,

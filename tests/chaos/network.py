@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from psycopg.conninfo import make_conninfo
 
-from guardedcron.devenv.toxiproxy import Proxy
+from guardedcron_devenv.toxiproxy import Proxy
 from tests.chaos.plan import NETWORK_FAULT_KINDS
 
 STREAMS = ("upstream", "downstream")

@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.postgres import ThrowawayPostgres
 
 SCHEMA_SQL = """
 CREATE SCHEMA chaos;

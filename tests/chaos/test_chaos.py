@@ -9,8 +9,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from guardedcron.devenv.postgres import ThrowawayPostgres
-from guardedcron.devenv.toxiproxy import Toxiproxy
+from guardedcron_devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.chaos.harness import Chaos
 from tests.chaos.invariants import check_all
 from tests.chaos.plan import Plan

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from guardedcron.devenv.binaries import Paths, ensure_binaries
-from guardedcron.devenv.controlplane import ControlPlane
-from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.binaries import Paths, ensure_binaries
+from guardedcron_devenv.controlplane import ControlPlane
+from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.e2e.harness import EAST, FAILURE_LOGS, WEST, Cluster, Scenario, WorkDb
 from tests.e2e.operator_process import OperatorProcess
 

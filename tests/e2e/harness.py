@@ -3,7 +3,7 @@
 A `Cluster` is one real control plane (tests/e2e/conftest.py starts them) seen through
 the admin's kubectl and a small JSON client. A test asks its `Scenario` for a
 namespace; the scenario creates it in each cluster it names, with the DSN Secret, and
-starts a process-kubelet (guardedcron.devenv.kubelet) serving exactly that namespace
+starts a process-kubelet (guardedcron_devenv.kubelet) serving exactly that namespace
 there, so tests never run each other's pods. At the end of the test the kubelets stop
 (their processes get SIGTERM, then SIGKILL) and the namespaces are deleted.
 
@@ -31,10 +31,10 @@ import psycopg
 import yaml
 
 from guardedcron import contract
-from guardedcron.devenv.admin_api import AdminApi, ApiError
-from guardedcron.devenv.controlplane import ControlPlane
-from guardedcron.devenv.kubelet import Image, ProcessKubelet
 from guardedcron.spec.settings import DEFAULT_GUARD_IMAGE, ENV_CLUSTER_NAME
+from guardedcron_devenv.admin_api import AdminApi, ApiError
+from guardedcron_devenv.controlplane import ControlPlane
+from guardedcron_devenv.kubelet import Image, ProcessKubelet
 
 T = TypeVar("T")
 

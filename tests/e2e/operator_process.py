@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from guardedcron.devenv.controlplane import free_port
-from guardedcron.devenv.tools import ensure_helm
+from guardedcron_devenv.controlplane import free_port
+from guardedcron_devenv.tools import ensure_helm
 from tests.e2e.harness import CHART_DIR, GUARDEDCRON, Cluster, iter_yaml, wait_for
 
 RELEASE = "guardedcron"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from guardedcron.devenv.controlplane import ControlPlane
+from guardedcron_devenv.controlplane import ControlPlane
 from tests.support.chart import CHART, HelmResult, helm
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from guardedcron.devenv.controlplane import ControlPlane, KubectlError
+from guardedcron_devenv.controlplane import ControlPlane, KubectlError
 
 pytestmark = pytest.mark.e2e
 

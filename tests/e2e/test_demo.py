@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from guardedcron.devenv.binaries import Paths
+from guardedcron_devenv.binaries import Paths
 from tests.support import GUARDEDCRON
 
 

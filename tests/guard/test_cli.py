@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from guardedcron.devenv.postgres import ThrowawayPostgres, free_port
+from guardedcron_devenv.postgres import ThrowawayPostgres, free_port
 from tests.support import GUARDEDCRON, run_cli
 
 ACQUIRE = ["acquire", "--lock", "billing/nightly", "--lease-seconds", "60"]

@@ -35,7 +35,7 @@ from guardedcron.contract import (
     EXIT_INTERNAL,
     TERMINATION_MESSAGE_MAX,
 )
-from guardedcron.devenv.postgres import ThrowawayPostgres, free_port
+from guardedcron_devenv.postgres import ThrowawayPostgres, free_port
 from tests.support import run_cli
 
 FAKE_PASSWORD = "Hunter2-sEcReT-xyz"

@@ -238,8 +238,8 @@ def test_a_restarted_keeper_after_a_loss_waits_instead_of_fighting(dsn: str, tmp
 
 
 def test_keeper_gives_up_when_the_database_is_gone_past_the_lease(tmp_path: Path) -> None:
-    from guardedcron.devenv.postgres import ThrowawayPostgres
     from guardedcron.guard.migrations import migrate
+    from guardedcron_devenv.postgres import ThrowawayPostgres
 
     with ThrowawayPostgres() as server:
         dsn = server.dsn()

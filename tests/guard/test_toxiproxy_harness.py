@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from guardedcron.devenv.toxiproxy import Proxy, ToxiproxyError
+from guardedcron_devenv.toxiproxy import Proxy, ToxiproxyError
 from tests.support.toxiproxy import Proxied
 
 # libpq bounds for connections opened here. Note that a Toxiproxy blackhole is invisible

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from guardedcron.devenv import binaries, toxiproxy
-from guardedcron.devenv.binaries import BuildError
-from guardedcron.devenv.toxiproxy import (
+from guardedcron_devenv import binaries, toxiproxy
+from guardedcron_devenv.binaries import BuildError
+from guardedcron_devenv.toxiproxy import (
     BINARY_NAME,
     TOXIPROXY_SOURCES,
     build_stamp,

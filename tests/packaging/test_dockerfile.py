@@ -130,6 +130,7 @@ def test_context_is_only_what_the_build_reads() -> None:
     context = build_context(REPO, ignore_patterns((REPO / ".dockerignore").read_text()))
     tops = {path.parts[0] for path in context}
     assert tops <= {"pyproject.toml", "README.md", "operator", "crds"}
+    assert not [p for p in context if p.parts[:2] == ("operator", "devenv")], "the devenv is not shipped"
     assert not [p for p in context if "__pycache__" in p.parts or p.parts[-1].endswith(".pyc")]
 
 
@@ -300,6 +301,18 @@ def test_nothing_was_written_and_no_build_tools_remain(image: Replay) -> None:
     assert not installed & {"pip", "setuptools", "wheel"}, installed
     # bytecode was compiled at build time, so start-up need not write it
     assert list(venv.glob("lib/python3.11/site-packages/guardedcron/__pycache__/*.pyc"))
+
+
+def test_image_has_no_development_environment_and_demo_says_what_to_install(image: Replay) -> None:
+    site = image.path("/opt/guardedcron/lib/python3.11/site-packages")
+    assert (site / "guardedcron").is_dir()
+    assert not list(site.glob("guardedcron_devenv*")), "the development environment leaked into the image"
+    assert not list(site.glob("guardedcron/devenv")), "the old in-package devenv is back"
+    result = run_image(image, ["demo", "--local", "--slots", "1"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "make demo" in lines[0] and "operator/devenv" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_image_layer_size_is_small(image: Replay) -> None:

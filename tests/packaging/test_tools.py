@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from guardedcron.devenv import tools
+from guardedcron_devenv import tools
 
 
 def test_cache_folder_follows_xdg_and_is_keyed_by_version() -> None:

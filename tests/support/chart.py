@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from guardedcron.devenv.tools import ensure_helm
+from guardedcron_devenv.tools import ensure_helm
 from tests.support import REPO
 
 CHART = REPO / "charts" / "guardedcron"

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from psycopg.conninfo import conninfo_to_dict
 
-from guardedcron.devenv.toxiproxy import Proxy, Toxiproxy
+from guardedcron_devenv.toxiproxy import Proxy, Toxiproxy
 
 
 class Proxied(NamedTuple):

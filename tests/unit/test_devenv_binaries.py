@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from guardedcron.devenv import binaries
-from guardedcron.devenv.binaries import (
+from guardedcron_devenv import binaries
+from guardedcron_devenv.binaries import (
     TARGETS,
     BuildError,
     build_cache_root,

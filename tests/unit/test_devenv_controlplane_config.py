@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from guardedcron.devenv.controlplane import (
+from guardedcron_devenv.controlplane import (
     CONTROLLERS,
     LOOPBACK,
     build_apiserver_args,
@@ -19,7 +19,7 @@ from guardedcron.devenv.controlplane import (
     build_kubeconfig,
     free_port,
 )
-from guardedcron.devenv.pki import make_pki
+from guardedcron_devenv.pki import make_pki
 
 
 def openssl(*args: str) -> str:

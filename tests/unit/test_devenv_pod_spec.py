@@ -1,4 +1,4 @@
-"""The process-kubelet's pod-spec rules (guardedcron.devenv.pod_spec), without a cluster:
+"""The process-kubelet's pod-spec rules (guardedcron_devenv.pod_spec), without a cluster:
 the e2e suite runs them against a real API server; these pin the Kubernetes rules."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from guardedcron.devenv.pod_spec import Image, argv_for, expand, field_value, mounts_for, rewrite
+from guardedcron_devenv.pod_spec import Image, argv_for, expand, field_value, mounts_for, rewrite
 
 IMAGE = Image(entrypoint=["/bin/entry"], cmd=["--default"])
 POD: dict[str, Any] = {

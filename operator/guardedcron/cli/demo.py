@@ -7,9 +7,18 @@ runs the operator against that cluster instead.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+from guardedcron.contract import EXIT_FAILURE
+
+DEVENV_MISSING: Final = (
+    "the local clusters come with the development environment, which this installation lacks; "
+    "in a checkout of the repository run `make demo` (or `pip install ./operator/devenv`)"
+)
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -48,6 +57,13 @@ def run(args: argparse.Namespace) -> int:
         from guardedcron.cli.main import main
 
         return main(["operator"])
-    from guardedcron.devenv.demo import main as demo_main
-
-    return demo_main(args.slots)
+    try:
+        # By name: the runtime package never depends on the development environment.
+        demo = importlib.import_module("guardedcron_devenv.demo")
+    except ModuleNotFoundError as missing:
+        if missing.name is None or not missing.name.startswith("guardedcron_devenv"):
+            raise
+        print(f"guardedcron demo: {DEVENV_MISSING}", file=sys.stderr)
+        return EXIT_FAILURE
+    result: int = demo.main(args.slots)
+    return result

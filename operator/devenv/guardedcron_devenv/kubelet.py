@@ -36,8 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from guardedcron.devenv.admin_api import AdminApi, ApiError
-from guardedcron.devenv.pod_spec import Image, PodSpecResolver
+from guardedcron_devenv.admin_api import AdminApi, ApiError
+from guardedcron_devenv.pod_spec import Image, PodSpecResolver
 
 __all__ = ["MAX_GRACE_SECONDS", "NODE_NAME", "Image", "ProcessKubelet"]
 

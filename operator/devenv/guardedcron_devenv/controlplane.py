@@ -32,8 +32,8 @@ from typing import Any, Final
 
 import yaml
 
-from guardedcron.devenv.binaries import Paths, Progress, ensure_binaries
-from guardedcron.devenv.pki import ControlPlanePki, KeyPair, make_pki
+from guardedcron_devenv.binaries import Paths, Progress, ensure_binaries
+from guardedcron_devenv.pki import ControlPlanePki, KeyPair, make_pki
 
 LOOPBACK: Final = "127.0.0.1"
 # The service range is configuration only: with no kube-proxy, nothing routes to it.

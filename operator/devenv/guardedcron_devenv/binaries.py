@@ -286,7 +286,7 @@ def _run_go_build(
 
 
 def main() -> None:
-    """`python -m guardedcron.devenv.binaries`: build (or reuse) and print the folder."""
+    """`python -m guardedcron_devenv.binaries`: build (or reuse) and print the folder."""
     paths = ensure_binaries()
     print(paths.bin_dir)
 

@@ -37,7 +37,7 @@ from typing import Final
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from guardedcron.devenv.binaries import (
+from guardedcron_devenv.binaries import (
     BUILD_LOG,
     FAILURE_TAIL_LINES,
     GO_SOURCES,
@@ -50,7 +50,7 @@ from guardedcron.devenv.binaries import (
     required_version,
     sources_digest,
 )
-from guardedcron.devenv.postgres import free_port
+from guardedcron_devenv.postgres import free_port
 
 TOXIPROXY_SOURCES: Final = GO_SOURCES / "toxiproxy"
 TOXIPROXY_MODULE: Final = "github.com/Shopify/toxiproxy/v2"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guardedcron.devenv.admin_api import AdminApi
+from guardedcron_devenv.admin_api import AdminApi
 
 # "$$" is an escaped "$"; "$(NAME)" a variable reference (Kubernetes' expansion syntax).
 _VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")

@@ -36,11 +36,11 @@ from guardedcron.contract import (
     RUN_DIR,
     GuardOutcome,
 )
-from guardedcron.devenv.admin_api import AdminApi, ApiError
-from guardedcron.devenv.controlplane import ControlPlane
-from guardedcron.devenv.demo_workload import INVOICE_TABLE
-from guardedcron.devenv.kubelet import Image, ProcessKubelet
-from guardedcron.devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.admin_api import AdminApi, ApiError
+from guardedcron_devenv.controlplane import ControlPlane
+from guardedcron_devenv.demo_workload import INVOICE_TABLE
+from guardedcron_devenv.kubelet import Image, ProcessKubelet
+from guardedcron_devenv.postgres import ThrowawayPostgres
 
 NAMESPACE = "billing"
 JOB = "nightly-invoices"
@@ -119,7 +119,7 @@ def start_cluster(name: str, dsn: str, plane: ControlPlane, stack: ExitStack, sa
     bin_dir = str(Path(sys.executable).parent)
     images = {
         guard_image(): Image(entrypoint=["guardedcron"]),
-        WORKLOAD_IMAGE: Image(entrypoint=[sys.executable, "-m", "guardedcron.devenv.demo_workload"]),
+        WORKLOAD_IMAGE: Image(entrypoint=[sys.executable, "-m", "guardedcron_devenv.demo_workload"]),
     }
     kubelet = stack.enter_context(
         ProcessKubelet(
@@ -208,8 +208,8 @@ def describe_run(cluster: Cluster, job: dict[str, Any]) -> str | None:
 
 def run_demo(*, slots: int | None, say: Say = print, stop: threading.Event | None = None) -> int:
     """Run until `slots` scheduled minutes have been seen in both clusters (None: until Ctrl-C)."""
-    from guardedcron.devenv.binaries import ensure_binaries
     from guardedcron.guard.migrations import migrate
+    from guardedcron_devenv.binaries import ensure_binaries
 
     stop = stop or threading.Event()
     say("guardedcron demo: two clusters share one PostgreSQL; the same GuardedCronJob runs in both.")

@@ -7,7 +7,7 @@ binaries' SHA-256, and unpack the two binaries into
 `${XDG_CACHE_HOME:-~/.cache}/guardedcron/tools-<versions>/bin/`. A second call
 finds them there and returns at once.
 
-    python -m guardedcron.devenv.tools helm      # prints the path, installing first if needed
+    python -m guardedcron_devenv.tools helm      # prints the path, installing first if needed
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     by_name = {tool.name: tool for tool in TOOLS}
     unknown = [name for name in names if name not in by_name]
     if not names or unknown:
-        print(f"usage: python -m guardedcron.devenv.tools {{{'|'.join(by_name)}}}...",
+        print(f"usage: python -m guardedcron_devenv.tools {{{'|'.join(by_name)}}}...",
               file=sys.stderr)
         return 64
     for name in names:
