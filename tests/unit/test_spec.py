@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from guardedcron import contract
 from guardedcron.schedule import Schedule
 from guardedcron.spec import (
     LeaseSpec,
@@ -61,8 +62,31 @@ def test_without_time_zone_the_zone_is_utc() -> None:
 
 
 def test_lease_name_set_and_defaulted() -> None:
-    assert parse_with({"spec.lease.name": "shared/x"}).spec.lease.name == "shared/x"
+    # lease.name names a lock inside the namespace: the lock is "<namespace>/<lease.name>".
+    lease = parse_with({"spec.lease.name": "invoices run"}).spec.lease
+    assert (lease.name, lease.shared_lock) == ("billing/invoices run", None)
     assert parse_with({"metadata.namespace": DELETE}).spec.lease.name == "default/nightly-invoices"
+
+
+def test_a_shared_lock_is_named_apart_from_every_namespace() -> None:
+    lease = parse_with({"spec.lease.sharedLock": "ledger-close"}).spec.lease
+    assert (lease.name, lease.shared_lock) == ("shared:ledger-close", "ledger-close")
+
+
+def test_the_longest_lease_name_in_the_longest_namespace_fits_the_guards_limit() -> None:
+    lease = parse_with({"metadata.namespace": "n" * 63, "spec.lease.name": "x" * 189}).spec.lease
+    assert len(lease.name) == contract.NAME_MAX
+
+
+@pytest.mark.parametrize("name", ["other-team/nightly-invoices", "billing/nightly-invoices",
+                                  "/", "a:b", "shared:ledger-close", "tab\there", "del\x7f"])
+def test_a_lease_name_that_could_leave_its_namespace_is_refused(name: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_with({"spec.lease.name": name})
+    [(path, message)] = caught.value.problems
+    assert path == "spec.lease.name"
+    assert "must not contain '/', ':' or control characters" in message
+    assert 'the lock is "billing/<lease.name>"' in message and "spec.lease.sharedLock" in message
 
 
 def test_default_namespace_can_be_chosen() -> None:
@@ -157,10 +181,23 @@ INVALID: list[Any] = [
                  id="secret-name-invalid"),
     pytest.param({"spec.lease.name": ""}, "spec.lease.name", "must not be empty",
                  id="lease-name-empty"),
-    pytest.param({"spec.lease.name": "x" * 254}, "spec.lease.name", "at most 253",
+    pytest.param({"spec.lease.name": "x" * 190}, "spec.lease.name", "at most 189",
                  id="lease-name-long"),
     pytest.param({"spec.lease.name": "a\nb"}, "spec.lease.name", "control characters",
                  id="lease-name-newline"),
+    pytest.param({"spec.lease.name": "billing/ledger-close"}, "spec.lease.name",
+                 "must not contain '/'", id="lease-name-slash"),
+    pytest.param({"spec.lease.name": "a:b"}, "spec.lease.name", "':'", id="lease-name-colon"),
+    pytest.param({"spec.lease.name": "x", "spec.lease.sharedLock": "y"}, "spec.lease.sharedLock",
+                 "must not be set together with spec.lease.name", id="name-and-shared-lock"),
+    pytest.param({"spec.lease.sharedLock": "Ledger_Close"}, "spec.lease.sharedLock",
+                 "is not a shared lock name", id="shared-lock-upper-case"),
+    pytest.param({"spec.lease.sharedLock": "billing/ledger"}, "spec.lease.sharedLock",
+                 "is not a shared lock name", id="shared-lock-slash"),
+    pytest.param({"spec.lease.sharedLock": "x" * 64}, "spec.lease.sharedLock",
+                 "is not a shared lock name", id="shared-lock-long"),
+    pytest.param({"spec.lease.sharedLock": ""}, "spec.lease.sharedLock",
+                 "is not a shared lock name", id="shared-lock-empty"),
     pytest.param({"spec.lease.onLost": "Panic"}, "spec.lease.onLost",
                  "one of Record, StopWorkload", id="on-lost-unknown"),
     pytest.param({"spec.lease.heartbeat": DELETE}, "spec.lease.heartbeat", "required",

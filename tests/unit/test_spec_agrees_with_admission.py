@@ -19,6 +19,8 @@ import celpy
 import jsonschema
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from guardedcron.spec import SpecError, apply_schema_defaults, parse_guarded_cronjob
 from tests.support.gcj import DELETE, base_gcj, put
@@ -175,8 +177,6 @@ def test_the_base_manifest_passes_both() -> None:
 SPEC_ONLY = {
     # CEL has no cron parser and no time-zone database
     "schedule-minute-61", "time-zone-unknown",
-    # the guard's own limit on lock names (it would exit 64 at every run)
-    "lease-name-newline",
     # the CRD leaves most of the pod template to the CronJob's own validation, which
     # refuses it only when the operator writes the CronJob; the spec checks read the
     # parts guardedcron changes (mounts), so they refuse a malformed one at once
@@ -208,6 +208,12 @@ CEL_CASES = [
     pytest.param({"spec.schedule": "TZ=UTC 0 * * * *"}, id="schedule-TZ"),
     pytest.param({"metadata.name": "n" * 53}, id="name-too-long"),
     pytest.param({"spec.startingDeadlineSeconds": 5}, id="starting-deadline"),
+    # issue 11: lease.name names a lock inside the namespace, and cannot leave it
+    pytest.param({"spec.lease.name": "payments/nightly-invoices"}, id="lease-name-other-namespace"),
+    pytest.param({"spec.lease.name": "shared:ledger-close"}, id="lease-name-shared-prefix"),
+    pytest.param({"spec.lease.name": "a\x00b"}, id="lease-name-nul"),
+    pytest.param({"spec.lease.name": "x", "spec.lease.sharedLock": "y"}, id="name-and-shared-lock"),
+    pytest.param({"spec.lease.sharedLock": "Ledger"}, id="shared-lock-upper-case"),
 ]
 
 
@@ -216,3 +222,17 @@ def test_admission_and_spec_checks_both_reject(changes: dict[str, Any]) -> None:
     manifest = manifest_with(changes)
     assert admission_problems(manifest)
     assert spec_rejects(manifest)
+
+
+# Any lease.name or sharedLock text: the parser and the CRD's rules give the same answer,
+# so no name reaches the operator that admission would have refused, nor the reverse.
+LOCK_TEXT = st.text(alphabet=st.sampled_from(
+    ["a", "Z", "0", "-", ".", "_", " ", "/", ":", "\n", "\x00", "\x1f", "\x7f", "\x80", "\u00e9"]),
+    max_size=8) | st.sampled_from(["x" * 189, "x" * 190, "s" * 63, "s" * 64])
+
+
+@settings(max_examples=300, deadline=None)
+@given(field=st.sampled_from(["spec.lease.name", "spec.lease.sharedLock"]), text=LOCK_TEXT)
+def test_lock_names_agree_with_admission(field: str, text: str) -> None:
+    manifest = manifest_with({field: text})
+    assert spec_rejects(manifest) == bool(admission_problems(manifest)), (field, text)

@@ -22,12 +22,16 @@ class SecretKeyRef:
 
 @dataclass(frozen=True)
 class LeaseSpec:
-    name: str  # the lock name in the database; "<namespace>/<name>" unless set
+    # The lock in the database (spec.locks): "<namespace>/<lease.name or metadata.name>",
+    # or "shared:<sharedLock>" for a shared lock, which the operator takes only when the
+    # cluster admin's allow-list grants it to the namespace.
+    name: str
     database_secret_ref: SecretKeyRef
     duration_seconds: int
     min_hold_seconds: int
     heartbeat: bool  # true adds the keeper sidecar that renews the lease
     on_lost: OnLost
+    shared_lock: str | None = None  # spec.lease.sharedLock, the allow-list's name
 
 
 @dataclass(frozen=True)

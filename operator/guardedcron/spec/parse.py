@@ -19,6 +19,15 @@ from typing import Any, TypeVar, cast, get_args
 from guardedcron import contract
 from guardedcron.schedule import Schedule, ScheduleError, load_time_zone
 from guardedcron.spec.errors import SpecError
+from guardedcron.spec.locks import (
+    LEASE_NAME_FORBIDDEN,
+    LEASE_NAME_MAX,
+    SHARED_LOCK_NAME,
+    SHARED_LOCK_NAME_MAX,
+    SHARED_LOCK_NAME_RULE,
+    namespace_lock,
+    shared_lock,
+)
 from guardedcron.spec.model import (
     GuardedCronJobSpec,
     LeaseSpec,
@@ -191,7 +200,7 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
                           minimum=0, maximum=MAX_MISSED_RUN_TOLERANCE_SECONDS)
 
     lease_obj = r.field(spec, "lease", "spec.lease", dict, required=True)
-    lease = (_read_lease(r, lease_obj, f"{namespace}/{name or ''}", active)
+    lease = (_read_lease(r, lease_obj, namespace, name or "", active)
              if lease_obj is not None else None)
 
     template = r.field(spec, "jobTemplate", "spec.jobTemplate", dict, required=True)
@@ -232,17 +241,10 @@ def _read_time_zone(r: _Reader, name: str | None) -> tzinfo | None:
         return None
 
 
-def _read_lease(r: _Reader, lease: Mapping[str, Any], default_name: str,
+def _read_lease(r: _Reader, lease: Mapping[str, Any], namespace: str, gcj_name: str,
                 active_deadline: int | None) -> LeaseSpec | None:
     ref = _read_secret_ref(r, lease)
-    name = r.field(lease, "name", "spec.lease.name", str, required=False)
-    if name is not None and not name.strip():
-        r.problem("spec.lease.name", "must not be empty")
-    elif name is not None and len(name) > contract.NAME_MAX:
-        r.problem("spec.lease.name",
-                  f"must be at most {contract.NAME_MAX} characters, not {len(name)}")
-    elif name is not None and contract.CONTROL_CHARACTERS.search(name):
-        r.problem("spec.lease.name", "must not contain control characters")
+    lock = _read_lock(r, lease, namespace, gcj_name)
     duration = _lease_seconds(r, lease, "durationSeconds", minimum=1)
     min_hold = _lease_seconds(r, lease, "minHoldSeconds", minimum=0)
     heartbeat = r.field(lease, "heartbeat", "spec.lease.heartbeat", bool, required=True)
@@ -266,12 +268,50 @@ def _read_lease(r: _Reader, lease: Mapping[str, Any], default_name: str,
                   f"spec.lease.heartbeat is true, not {duration}: the lease would run out "
                   "while the job may still be running")
 
-    if (ref is None or duration is None or min_hold is None or heartbeat is None
-            or on_lost is None or min_hold > duration):
+    if (ref is None or lock is None or duration is None or min_hold is None
+            or heartbeat is None or on_lost is None or min_hold > duration):
         return None
-    return LeaseSpec(name=name or default_name, database_secret_ref=ref,
-                     duration_seconds=duration, min_hold_seconds=min_hold, heartbeat=heartbeat,
-                     on_lost=cast(OnLost, on_lost))
+    return LeaseSpec(name=lock[0], database_secret_ref=ref, duration_seconds=duration,
+                     min_hold_seconds=min_hold, heartbeat=heartbeat,
+                     on_lost=cast(OnLost, on_lost), shared_lock=lock[1])
+
+
+def _read_lock(r: _Reader, lease: Mapping[str, Any], namespace: str, gcj_name: str
+               ) -> tuple[str, str | None] | None:
+    """(the effective lock, the shared lock's name or None); the same rules as the CRD's."""
+    name = r.field(lease, "name", "spec.lease.name", str, required=False)
+    shared = r.field(lease, "sharedLock", "spec.lease.sharedLock", str, required=False)
+    good = True
+    if name is not None and shared is not None:
+        r.problem("spec.lease.sharedLock",
+                  "must not be set together with spec.lease.name: a run takes either a lock of "
+                  "its namespace or a shared lock from the cluster admin's allow-list")
+        good = False
+    if name is not None and not name:
+        r.problem("spec.lease.name", "must not be empty")
+        good = False
+    elif name is not None and len(name) > LEASE_NAME_MAX:
+        r.problem("spec.lease.name", f"must be at most {LEASE_NAME_MAX} characters, not "
+                  f"{len(name)}: the lock is \"<namespace>/<lease.name>\"")
+        good = False
+    elif name is not None and LEASE_NAME_FORBIDDEN.search(name):
+        r.problem("spec.lease.name",
+                  f"{name!r} must not contain '/', ':' or control characters: lease.name names "
+                  f"a lock inside namespace {namespace} (the lock is "
+                  f"\"{namespace_lock(namespace, '<lease.name>')}\"); "
+                  "to share a lock with other namespaces, set spec.lease.sharedLock to a "
+                  "name the cluster admin's allow-list grants this namespace")
+        good = False
+    if shared is not None and (len(shared) > SHARED_LOCK_NAME_MAX
+                               or not SHARED_LOCK_NAME.fullmatch(shared)):
+        r.problem("spec.lease.sharedLock",
+                  f"{shared!r} is not a shared lock name: {SHARED_LOCK_NAME_RULE}")
+        good = False
+    if not good:
+        return None
+    if shared is not None:
+        return shared_lock(shared), shared
+    return namespace_lock(namespace, name or gcj_name), None
 
 
 def _lease_seconds(r: _Reader, lease: Mapping[str, Any], key: str, *, minimum: int
