@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.support.suite_order import QUIET_MACHINE_MARKER, quiet_checks_first_e2e_last
@@ -64,6 +65,15 @@ def toxiproxy() -> Iterator[Toxiproxy]:
     the test with go's output; it is never skipped)."""
     with Toxiproxy() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres: ThrowawayPostgres) -> Iterator[PgBouncer]:
+    """A real PgBouncer (Debian's package) in transaction mode in front of the session's
+    PostgreSQL; every database of it is reachable through `pgbouncer.dsn_for(dsn)`. Not
+    installed or not starting: the test fails with the exact reason, it is never skipped."""
+    with PgBouncer(postgres.dsn()) as pooler:
+        yield pooler
 
 
 @pytest.fixture
