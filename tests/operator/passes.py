@@ -14,6 +14,7 @@ from guardedcron.handlers.observe import Observed, trimmed
 from guardedcron.handlers.reconcile import PassResult, reconcile
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient, NotFound
 from guardedcron.spec import OperatorSettings, Settings, settings_from_env
+from guardedcron.spec.locks import SharedLock
 from tests.support.emulator import GuardedEmulator
 
 SETTINGS: OperatorSettings = settings_from_env({})
@@ -42,9 +43,12 @@ async def observe_api(client: KubeClient, namespace: str, name: str) -> Observed
 
 async def one_pass(client: KubeClient, namespace: str, name: str, *, now: datetime,
                    memory: PassMemory | None = None,
-                   settings: OperatorSettings = SETTINGS) -> PassResult:
-    """A pass as the operator runs it; a new PassMemory is an operator just started."""
-    context = OperatorContext(client=client, settings=Settings(build=settings),
+                   settings: OperatorSettings = SETTINGS,
+                   shared_locks: tuple[SharedLock, ...] = ()) -> PassResult:
+    """A pass as the operator runs it; a new PassMemory is an operator just started;
+    `shared_locks` is the cluster admin's allow-list."""
+    context = OperatorContext(client=client,
+                              settings=Settings(build=settings, shared_locks=shared_locks),
                               memory=memory or PassMemory())
     return await reconcile(await observe_api(client, namespace, name), context, now,
                            logging.getLogger("tests.operator"))

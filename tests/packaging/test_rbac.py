@@ -19,7 +19,8 @@ def grants(*rules: tuple[str, str, str]) -> set[Grant]:
 ALWAYS = grants(
     ("guardedcron.io", "guardedcronjobs", "get list watch patch"),
     ("guardedcron.io", "guardedcronjobs/status", "get patch update"),
-    ("batch", "cronjobs", "get list watch create patch"),
+    # delete: a CronJob whose runs would take a lock its namespace may no longer use
+    ("batch", "cronjobs", "get list watch create patch delete"),
     ("batch", "jobs", "get list watch create"),
     ("", "pods", "get list watch"),
     ("", "events", "create patch"),
@@ -103,7 +104,7 @@ def test_no_wildcards_and_no_secret_access_beyond_get(name: str) -> None:
             if resource == "secrets":
                 assert verb == "get"
                 assert VALUE_SETS[name].get("outcomeRecording", {}).get("enabled")
-            if verb == "delete":  # only pods, and only when asked for
+            if verb == "delete" and resource != "cronjobs":  # else only pods, when asked for
                 assert resource == "pods"
                 assert VALUE_SETS[name].get("stopWorkload", {}).get("enabled")
 

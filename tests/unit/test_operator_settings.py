@@ -5,6 +5,7 @@ else in the package's code."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 
 import guardedcron
 from guardedcron.spec import settings as settings_module
-from guardedcron.spec.settings import SettingsError, read_settings
+from guardedcron.spec.locks import SharedLock
+from guardedcron.spec.settings import ENV_SHARED_LOCKS, SettingsError, read_settings
 from tests.support import REPO
 
 PACKAGE = Path(guardedcron.__file__).parent
@@ -62,3 +64,53 @@ def test_read_settings_reads_every_chart_variable(variable: str) -> None:
 
 def test_the_peering_name_is_read_too() -> None:
     assert read_settings({"GUARDEDCRON_PEERING": "guardedcron"}).peering == "guardedcron"
+
+
+# --- the allow-list of shared locks (issue 11) -------------------------------------------
+def test_without_an_allow_list_no_lock_is_shared() -> None:
+    assert read_settings({}).shared_locks == ()
+    assert read_settings({ENV_SHARED_LOCKS: "  "}).shared_locks == ()
+
+
+def test_the_allow_list_is_read_from_json() -> None:
+    text = json.dumps([{"name": "ledger-close", "namespaces": ["finance", "billing"]},
+                       {"name": "month-end.v2", "namespaces": ["finance"]}])
+    assert read_settings({ENV_SHARED_LOCKS: text}).shared_locks == (
+        SharedLock("ledger-close", frozenset({"finance", "billing"})),
+        SharedLock("month-end.v2", frozenset({"finance"})))
+
+
+@pytest.mark.parametrize(("value", "path", "words"), [
+    pytest.param("ledger-close=finance", ENV_SHARED_LOCKS, "is not JSON", id="not-json"),
+    pytest.param({"name": "x", "namespaces": ["a"]}, ENV_SHARED_LOCKS, "must be a JSON list",
+                 id="not-a-list"),
+    pytest.param([{"name": "x"}], f"{ENV_SHARED_LOCKS}[0]", 'exactly "name" and "namespaces"',
+                 id="no-namespaces"),
+    pytest.param([{"name": "x", "namespaces": ["a"], "prefix": "y"}], f"{ENV_SHARED_LOCKS}[0]",
+                 'exactly "name" and "namespaces"', id="unknown-key"),
+    pytest.param([{"name": "Ledger", "namespaces": ["a"]}], f"{ENV_SHARED_LOCKS}[0].name",
+                 "is not a shared lock name", id="upper-case-name"),
+    pytest.param([{"name": "fin/close", "namespaces": ["a"]}], f"{ENV_SHARED_LOCKS}[0].name",
+                 "is not a shared lock name", id="slash-in-name"),
+    pytest.param([{"name": "x\n", "namespaces": ["a"]}], f"{ENV_SHARED_LOCKS}[0].name",
+                 "is not a shared lock name", id="newline-after-name"),
+    pytest.param([{"name": "x", "namespaces": []}], f"{ENV_SHARED_LOCKS}[0].namespaces",
+                 "non-empty list", id="no-namespace"),
+    pytest.param([{"name": "x", "namespaces": ["Finance"]}], f"{ENV_SHARED_LOCKS}[0].namespaces",
+                 "'Finance' is not a namespace name", id="bad-namespace"),
+    pytest.param([{"name": "x", "namespaces": ["a"]}, {"name": "x", "namespaces": ["b"]}],
+                 f"{ENV_SHARED_LOCKS}[1].name", "is listed twice", id="listed-twice"),
+])
+def test_a_bad_allow_list_is_refused_naming_the_entry(value: object, path: str, words: str) -> None:
+    text = value if isinstance(value, str) else json.dumps(value)
+    with pytest.raises(SettingsError) as caught:
+        read_settings({ENV_SHARED_LOCKS: text})
+    [problem] = caught.value.problems
+    assert problem.field_path == path and words in problem.message, problem
+
+
+def test_namespace_names_are_dns_labels_only() -> None:
+    # Namespaces such as "0" are valid; non-ASCII letters are not (isalnum() said yes).
+    assert read_settings({"GUARDEDCRON_NAMESPACES": "0,a-1"}).namespaces == ("0", "a-1")
+    with pytest.raises(SettingsError):
+        read_settings({"GUARDEDCRON_NAMESPACES": "café"})

@@ -69,10 +69,12 @@ Called with (dict "root" $ "clusterWide" bool).
   resources: ["guardedcronjobs/status"]
   verbs: ["get", "patch", "update"]
 # The CronJobs it owns: server-side apply (patch, and create when missing); garbage
-# collection through owner references deletes them, so no delete.
+# collection through owner references deletes them with their GuardedCronJob. delete:
+# for its own CronJob whose runs would take a lock the namespace may no longer use
+# (a shared lock taken off the allow-list; docs/design.md, "Multi-tenant clusters").
 - apiGroups: ["batch"]
   resources: ["cronjobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Jobs: read back run status; create for manual runs (guardedcron.io/trigger).
 - apiGroups: ["batch"]
   resources: ["jobs"]

@@ -12,6 +12,7 @@ from guardedcron.builders.guard import (
     build_keeper_container,
     build_run_volume,
     build_workload_mount,
+    locks_in_cronjob,
 )
 from guardedcron.contract import GUARD_ERROR_RULE_INDEX, SKIP_RULE_INDEX
 
@@ -27,4 +28,5 @@ __all__ = [
     "build_pod_failure_policy",
     "build_run_volume",
     "build_workload_mount",
+    "locks_in_cronjob",
 ]

@@ -7,9 +7,12 @@ token to the workload.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 from guardedcron import contract
+from guardedcron.objects import get_path
 from guardedcron.spec import OperatorSettings, ParsedSpec
 
 # Composed in the pod from the downward API, so each pod holds the lease under its own name.
@@ -57,6 +60,28 @@ def build_keeper_container(parsed: ParsedSpec, settings: OperatorSettings) -> di
     container = _injected_container(contract.KEEPER_CONTAINER, args, env, settings)
     container["restartPolicy"] = "Always"
     return container
+
+
+def locks_in_cronjob(cronjob: Mapping[str, Any]) -> set[str]:
+    """Every lock a live CronJob's runs would take, read back from where the builders put
+    it: the lock annotation and the `--lock` of each injected container (unescaped)."""
+    locks: set[str] = set()
+    annotation = ((cronjob.get("metadata") or {}).get("annotations") or {}).get(
+        contract.ANNOTATION_LOCK)
+    if isinstance(annotation, str):
+        locks.add(annotation)
+    containers = get_path(cronjob, "spec", "jobTemplate", "spec", "template", "spec",
+                          "initContainers")
+    for container in containers if isinstance(containers, list) else ():
+        if not isinstance(container, Mapping) or container.get("name") not in (
+                contract.GUARD_CONTAINER, contract.KEEPER_CONTAINER):
+            continue
+        args = container.get("args")
+        args = args if isinstance(args, list) else []
+        for flag, value in pairwise(args):
+            if flag == "--lock" and isinstance(value, str):
+                locks.add(value.replace("$$", "$"))
+    return locks
 
 
 def build_run_volume(settings: OperatorSettings) -> dict[str, Any]:

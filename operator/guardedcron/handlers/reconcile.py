@@ -23,6 +23,7 @@ from guardedcron import contract
 from guardedcron.builders import build_cronjob
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.lease_loss import stop_lost_workloads
+from guardedcron.handlers.locks import delete_if_lock_forbidden, lock_refusal, refusal_event
 from guardedcron.handlers.observe import (
     Body,
     Index,
@@ -54,7 +55,7 @@ from guardedcron.observability.events import build_event
 from guardedcron.observability.metrics import forget as forget_metrics
 from guardedcron.observability.metrics import reconcile_timer, record_changes
 from guardedcron.spec import ParsedSpec, Problem, SpecError, parse_guarded_cronjob
-from guardedcron.status import compute_status
+from guardedcron.status import RunEvent, compute_status
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -86,14 +87,27 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     parsed: ParsedSpec | None
     problems: tuple[Problem, ...] = ()
     trouble: str | None = None  # logged as a warning (an Event, through kopf) when status changes
+    lock_events: list[RunEvent] = []
     try:
         parsed = parse_guarded_cronjob(gcj)
     except SpecError as error:
         parsed, problems = None, error.problems
-        # The CronJob (if any) keeps its last valid configuration: still guarded.
+        # The CronJob (if any) keeps its last valid configuration: still guarded
+        # (unless its lock is not the namespace's to use: below).
         trouble = f"Spec is invalid; the CronJob is left as it is: {error}"
+    else:
+        refused = lock_refusal(parsed, settings)
+        if refused is not None:  # a shared lock the allow-list does not grant: no CronJob
+            parsed, problems = None, (refused,)
+            lock_events += refusal_event(refused, uid=uid, memory=memory)
 
     cronjob = observed.cronjob
+    if cronjob is not None and controlled_by(cronjob, uid):
+        deleted, events = await delete_if_lock_forbidden(
+            cronjob, namespace=namespace, settings=settings, client=client, logger=logger)
+        lock_events += events
+        if deleted:
+            cronjob = None
     applied = not_owned = False
     apply_error: str | None = None
     if parsed is not None:
@@ -136,7 +150,7 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     # After the write: a pass whose write failed counts nothing (kopf retries it, and the
     # retry sees the same transitions). An unchanged status has none, only gauges.
     record_changes(context.metrics, namespace=namespace, name=name, changes=change.metrics)
-    events = [*change.events, *trigger.events]
+    events = [*lock_events, *change.events, *trigger.events]
     if settings.outcome_recording:
         # Once per run: when its record turns final, which happens in one written status.
         events += await record_outcomes(parsed, change.outcomes, namespace=namespace, client=client,

@@ -3,7 +3,7 @@
 Locks belong to namespaces (docs/design.md, "Multi-tenant clusters"): the lock of a
 GuardedCronJob is "<namespace>/<lease.name>", so no spec can name another namespace's
 lock. Namespaces share a lock only through the cluster admin's allow-list (the
-operator setting `SHARED_LOCKS_SETTING`), whose locks are "shared:<name>".
+operator setting `spec.settings.ENV_SHARED_LOCKS`), whose locks are "shared:<name>".
 """
 
 from __future__ import annotations
@@ -14,12 +14,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from guardedcron import contract
-
-# What the operator's setting is called where the admin writes it, for messages.
-SHARED_LOCKS_ENV: Final = "GUARDEDCRON_SHARED_LOCKS"
-SHARED_LOCKS_VALUE: Final = "sharedLocks"
-SHARED_LOCKS_SETTING: Final = (f"the chart value {SHARED_LOCKS_VALUE} (the operator's "
-                               f"environment variable {SHARED_LOCKS_ENV})")
 
 # lease.name: the part after "<namespace>/", so that the whole lock fits the guard's limit.
 LEASE_NAME_MAX: Final = (contract.NAME_MAX - contract.NAMESPACE_MAX
@@ -62,8 +56,10 @@ def may_use(namespace: str, lock: str, allowed: Iterable[SharedLock]) -> bool:
     return any(entry.name == name and namespace in entry.namespaces for entry in allowed)
 
 
-def shared_lock_refusal(namespace: str, name: str, allowed: Iterable[SharedLock]) -> str | None:
-    """Why `namespace` may not take shared lock `name`, naming the setting; None if it may."""
+def shared_lock_refusal(namespace: str, name: str, allowed: Iterable[SharedLock], *,
+                        setting: str) -> str | None:
+    """Why `namespace` may not take shared lock `name`, naming the allow-list's `setting`
+    (where the admin writes it); None if it may."""
     entries = [entry for entry in allowed if entry.name == name]
     if any(namespace in entry.namespaces for entry in entries):
         return None
@@ -73,5 +69,5 @@ def shared_lock_refusal(namespace: str, name: str, allowed: Iterable[SharedLock]
         others = sorted({ns for entry in entries for ns in entry.namespaces})
         listed = f"grants {name!r} to namespaces {', '.join(others)} only"
     return (f"namespace {namespace} may not use shared lock {name!r}: the cluster admin's "
-            f"allow-list, {SHARED_LOCKS_SETTING}, {listed}; no CronJob runs until it "
+            f"allow-list, {setting}, {listed}; no CronJob runs until it "
             "allows this namespace or spec.lease.sharedLock is removed")

@@ -15,13 +15,21 @@ Every variable's name is here and nowhere else in the operator.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from guardedcron import __version__
 from guardedcron.spec.errors import Problem
+from guardedcron.spec.locks import (
+    SHARED_LOCK_NAME,
+    SHARED_LOCK_NAME_MAX,
+    SHARED_LOCK_NAME_RULE,
+    SharedLock,
+)
 
 # How the operator runs.
 ENV_NAMESPACES = "GUARDEDCRON_NAMESPACES"
@@ -32,6 +40,13 @@ ENV_METRICS_PORT = "GUARDEDCRON_METRICS_PORT"
 ENV_LOG_LEVEL = "GUARDEDCRON_LOG_LEVEL"
 ENV_STOP_WORKLOAD = "GUARDEDCRON_STOP_WORKLOAD"
 ENV_OUTCOME_RECORDING = "GUARDEDCRON_OUTCOME_RECORDING"
+# The allow-list of locks shared across namespaces (spec.locks), as JSON:
+# [{"name": "ledger-close", "namespaces": ["finance", "billing"]}]; the chart writes it
+# from its value `sharedLocks`.
+ENV_SHARED_LOCKS = "GUARDEDCRON_SHARED_LOCKS"
+CHART_VALUE_SHARED_LOCKS = "sharedLocks"
+SHARED_LOCKS_SETTING = (f"the chart value {CHART_VALUE_SHARED_LOCKS} (the operator's "
+                        f"environment variable {ENV_SHARED_LOCKS})")
 # What goes into every CronJob.
 ENV_GUARD_IMAGE = "GUARDEDCRON_GUARD_IMAGE"
 ENV_GUARD_IMAGE_PULL_POLICY = "GUARDEDCRON_GUARD_IMAGE_PULL_POLICY"
@@ -73,6 +88,7 @@ _QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE]\d+)?$")
 # The holder is "<cluster>/<namespace>/<pod>": the cluster part may not hold a '/'.
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _IMAGE = re.compile(r"^[^\s$]+$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a namespace name, whole
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,8 @@ class Settings:
     stop_workload: bool = False
     # Reads DSN Secrets to record finished runs in the database (the chart grants it).
     outcome_recording: bool = False
+    # The cluster admin's allow-list: which namespaces may take which shared locks.
+    shared_locks: tuple[SharedLock, ...] = ()
 
 
 class SettingsError(ValueError):
@@ -245,6 +263,8 @@ def read_settings(env: Mapping[str, str], flags: Flags = Flags()) -> Settings:
             problems.append(Problem(variable, f"must be true or false, not {text!r}"))
         switches[variable] = BOOLEANS.get(text, False)
 
+    shared_locks = read_shared_locks(env.get(ENV_SHARED_LOCKS, ""), problems)
+
     build: OperatorSettings | None = None
     try:
         build = settings_from_env(env)
@@ -255,7 +275,52 @@ def read_settings(env: Mapping[str, str], flags: Flags = Flags()) -> Settings:
     return Settings(build=build, namespaces=namespaces, peering=peering, priority=priority,
                     metrics_port=port, log_level=level, liveness=flags.liveness,
                     stop_workload=switches[ENV_STOP_WORKLOAD],
-                    outcome_recording=switches[ENV_OUTCOME_RECORDING])
+                    outcome_recording=switches[ENV_OUTCOME_RECORDING],
+                    shared_locks=shared_locks)
+
+
+def read_shared_locks(text: str, problems: list[Problem]) -> tuple[SharedLock, ...]:
+    """The allow-list from its JSON text (empty: none); each problem is added to `problems`
+    naming the variable and the entry, and a bad allow-list grants nothing."""
+    if not text.strip():
+        return ()
+    try:
+        entries: Any = json.loads(text)
+    except ValueError as error:
+        problems.append(Problem(ENV_SHARED_LOCKS, f"is not JSON ({error}); expected a list "
+                                'such as [{"name": "ledger-close", "namespaces": ["finance", '
+                                '"billing"]}]'))
+        return ()
+    if not isinstance(entries, list):
+        problems.append(Problem(ENV_SHARED_LOCKS, "must be a JSON list of "
+                                '{"name": ..., "namespaces": [...]} objects'))
+        return ()
+    found: list[Problem] = []
+    result: dict[str, SharedLock] = {}
+    for index, entry in enumerate(entries):
+        where = f"{ENV_SHARED_LOCKS}[{index}]"
+        if not isinstance(entry, dict) or set(entry) != {"name", "namespaces"}:
+            found.append(Problem(where, 'must be an object with exactly "name" and "namespaces"'))
+            continue
+        name, namespaces = entry["name"], entry["namespaces"]
+        if not isinstance(name, str) or len(name) > SHARED_LOCK_NAME_MAX \
+                or not SHARED_LOCK_NAME.fullmatch(name):
+            found.append(Problem(f"{where}.name",
+                                 f"{name!r} is not a shared lock name: {SHARED_LOCK_NAME_RULE}"))
+        elif name in result:
+            found.append(Problem(f"{where}.name", f"{name!r} is listed twice; list it once "
+                                 "with all its namespaces"))
+        if not isinstance(namespaces, list) or not namespaces:
+            found.append(Problem(f"{where}.namespaces", "must be a non-empty list of namespaces"))
+            continue
+        bad = [n for n in namespaces if not isinstance(n, str) or not _is_dns_label(n)]
+        if bad:
+            found.append(Problem(f"{where}.namespaces",
+                                 f"{', '.join(map(repr, bad))} is not a namespace name"))
+        elif isinstance(name, str):
+            result.setdefault(name, SharedLock(name=name, namespaces=frozenset(namespaces)))
+    problems.extend(found)
+    return () if found else tuple(result.values())
 
 
 def priority_from_ip(text: str) -> int:
@@ -267,5 +332,4 @@ def priority_from_ip(text: str) -> int:
 
 
 def _is_dns_label(name: str) -> bool:
-    return 0 < len(name) <= 63 and name.replace("-", "a").isalnum() and name.islower() \
-        and name[0].isalnum() and name[-1].isalnum()
+    return _DNS_LABEL.fullmatch(name) is not None

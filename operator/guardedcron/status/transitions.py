@@ -43,6 +43,9 @@ class EventReason(StrEnum):
     WORKLOAD_STOPPED = "WorkloadStopped"
     STOP_WORKLOAD_FAILED = "StopWorkloadFailed"
     OUTCOME_NOT_RECORDED = "OutcomeNotRecorded"
+    # The spec asks for a lock its namespace may not use (spec.locks), or the CronJob
+    # was deleted because its runs would take one.
+    LOCK_NOT_ALLOWED = "LockNotAllowed"
 
 
 _BY_OUTCOME: dict[Outcome, EventReason] = {
@@ -60,7 +63,7 @@ WARNINGS = frozenset({
     EventReason.RUN_FAILED, EventReason.RUN_TIMED_OUT, EventReason.LEASE_LOST,
     EventReason.GUARD_ERROR, EventReason.MISSED_RUN, EventReason.OVERLAP,
     EventReason.TRIGGER_FAILED, EventReason.WORKLOAD_STOPPED, EventReason.STOP_WORKLOAD_FAILED,
-    EventReason.OUTCOME_NOT_RECORDED,
+    EventReason.OUTCOME_NOT_RECORDED, EventReason.LOCK_NOT_ALLOWED,
 })
 
 
