@@ -6,7 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint e2e-kind clean
+# make image IMAGE=name:tag (default guardedcron:<version>)
+IMAGE  ?=
+
+.PHONY: setup demo test lint image e2e-kind clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +27,11 @@ lint: setup
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The image from the Dockerfile, built by a local Docker engine on a stand-in base
+# (no registry here; see operator/devenv/guardedcron_devenv/image.py).
+image: setup
+	$(BIN)/python -m guardedcron_devenv.image $(if $(IMAGE),--tag $(IMAGE))
 
 # For machines with Docker and kind (not these): the same e2e suite against a kind cluster.
 e2e-kind: setup
