@@ -14,20 +14,21 @@ from tests.chaos.plan import FAULT_KINDS
 
 
 def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
-    attempts = chaos.attempts
-    bursts = chaos.bursts
+    state = chaos.state
+    attempts = state.attempts
+    bursts = state.bursts
     process_losers = [s for b in bursts for s in b.process_loser_seconds]
     connection_losers = [s for b in bursts for s in b.connection_loser_seconds]
     return {
-        "seed": chaos.plan.seed,
+        "seed": state.plan.seed,
         "wall_seconds": round(chaos.seconds, 1),
         "cpu_seconds": chaos.cpu,
         "contended_runs": {
-            "process": chaos.rounds["process"],
-            "connection": chaos.rounds["connection"],
-            "burst": chaos.rounds["burst"],
-            "network": chaos.rounds["network"],
-            "total": sum(chaos.rounds.values()),
+            "process": state.rounds["process"],
+            "connection": state.rounds["connection"],
+            "burst": state.rounds["burst"],
+            "network": state.rounds["network"],
+            "total": sum(state.rounds.values()),
         },
         "attempts": {
             "process": sum(a.path == "process" for a in attempts),
@@ -36,16 +37,16 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
             "won": sum(a.acquired for a in attempts),
             "refused_and_stopped": sum(a.exit_code == 76 for a in attempts),
         },
-        "faults": {kind: chaos.faults[kind] for kind in (*FAULT_KINDS, "stall")},
-        "network_faults": network_figures(chaos.attempts),
-        "network_lanes_done_after_seconds": chaos.lane_seconds,
+        "faults": {kind: state.faults[kind] for kind in (*FAULT_KINDS, "stall")},
+        "network_faults": network_figures(state.attempts),
+        "network_lanes_done_after_seconds": state.lane_seconds,
         "duplicates": found.figures.get("duplicates"),
         "stale_writes_refused": found.figures.get("stale_writes_refused"),
         "max_loser_exit_seconds": {
             "burst_process": round(max(process_losers, default=0.0), 3),
             "burst_connection": round(max(connection_losers, default=0.0), 3),
         },
-        "burst_contenders": chaos.plan.burst_processes + chaos.plan.burst_connections,
+        "burst_contenders": state.plan.burst_processes + state.plan.burst_connections,
         **{k: v for k, v in found.figures.items() if k not in ("duplicates", "stale_writes_refused")},
     }
 
@@ -65,17 +66,18 @@ def network_figures(attempts: list[Attempt]) -> dict[str, Any]:
 
 def run_problems(chaos: Chaos) -> list[str]:
     """Checks of the run itself: quotas reached, bursts as the seeds demand, contract exit codes."""
-    plan = chaos.plan
-    problems = list(chaos.problems)
-    contended = chaos.rounds["process"] + chaos.rounds["connection"] + chaos.rounds["burst"]
+    state = chaos.state
+    plan = state.plan
+    problems = list(state.problems)
+    contended = state.rounds["process"] + state.rounds["connection"] + state.rounds["burst"]
     wanted = plan.process_rounds + plan.connection_rounds + plan.bursts
     if contended < wanted:
         problems.append(f"only {contended} contended runs of the {wanted} planned")
     for kind in (*FAULT_KINDS, "stall"):
-        if chaos.faults[kind] < plan.faults_per_kind:
-            problems.append(f"only {chaos.faults[kind]} faults of kind {kind}, wanted {plan.faults_per_kind}")
+        if state.faults[kind] < plan.faults_per_kind:
+            problems.append(f"only {state.faults[kind]} faults of kind {kind}, wanted {plan.faults_per_kind}")
     limit = plan.loser_exit_limit_seconds
-    for n, burst in enumerate(chaos.bursts, start=1):
+    for n, burst in enumerate(state.bursts, start=1):
         if burst.winners != 1:
             problems.append(f"burst {n}: {burst.winners} winners, wanted exactly one")
         if any(code != 75 for code in burst.loser_codes):
@@ -89,7 +91,7 @@ def run_problems(chaos: Chaos) -> list[str]:
     odd = sorted(
         {
             (a.exit_code, a.reason)
-            for a in chaos.attempts
+            for a in state.attempts
             if a.path == "process" and a.exit_code not in (0, 69, 75, 76, -9)
         }
         - {(None, None)},

@@ -40,7 +40,7 @@ def test_no_double_work_under_faults(
     values = figures(chaos, found)
     say("chaos figures: " + render(values))
     problems = run_problems(chaos)
-    assert not found.violations, "\n".join(found.violations) + f"\n(process traces in {chaos.workdir})"
-    assert not problems, "\n".join(problems) + f"\n(process traces in {chaos.workdir})"
+    assert not found.violations, "\n".join(found.violations) + f"\n(process traces in {chaos.state.workdir})"
+    assert not problems, "\n".join(problems) + f"\n(process traces in {chaos.state.workdir})"
     assert values["duplicates"] == 0
     chaos.remove_traces()
