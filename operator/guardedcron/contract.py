@@ -31,14 +31,18 @@ EXIT_UNAVAILABLE: Final = 69  # database unreachable or login refused
 EXIT_INTERNAL: Final = 70  # EX_SOFTWARE: a bug in guardedcron, told in one line without a traceback
 EXIT_NOT_ACQUIRED: Final = 75  # lease held, or slot already claimed: skip this run
 EXIT_LEASE_LOST: Final = 76  # keeper saw the lease taken over or could not renew in time
+EXIT_NOT_GRANTED: Final = 77  # EX_NOPERM: the database role may not use this lock (db grant)
 EXIT_SCHEMA: Final = 78  # schema missing or older than this tool
+
+# --- SQLSTATEs the guardedcron SQL functions raise (docs/design.md, "Least privilege")
+SQLSTATE_NOT_GRANTED: Final = "GC003"  # the session's role holds no grant covering the lock
 
 # --- podFailurePolicy: guard exit codes that fail the Job at once, one FailJob rule each.
 # The Job's failure message names the rule by its index ("... matching FailJob rule at
 # index N"), which tells a skip from a guard error once the pod is gone. Kubernetes wants
 # each rule's codes sorted and unique.
 SKIP_EXIT_CODES: Final = (EXIT_NOT_ACQUIRED,)
-GUARD_ERROR_EXIT_CODES: Final = (EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL, EXIT_SCHEMA)
+GUARD_ERROR_EXIT_CODES: Final = (EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL, EXIT_NOT_GRANTED, EXIT_SCHEMA)
 FAIL_JOB_RULES: Final = (SKIP_EXIT_CODES, GUARD_ERROR_EXIT_CODES)  # in podFailurePolicy.rules order
 SKIP_RULE_INDEX: Final = FAIL_JOB_RULES.index(SKIP_EXIT_CODES)
 GUARD_ERROR_RULE_INDEX: Final = FAIL_JOB_RULES.index(GUARD_ERROR_EXIT_CODES)

@@ -74,7 +74,7 @@ EXPECTED_POD_FAILURE_POLICY = {"rules": [
      "onExitCodes": {"containerName": "guardedcron-guard", "operator": "In", "values": [75]}},
     {"action": "FailJob",
      "onExitCodes": {"containerName": "guardedcron-guard", "operator": "In",
-                     "values": [64, 69, 70, 78]}},
+                     "values": [64, 69, 70, 77, 78]}},
 ]}
 
 WORKLOAD_MOUNT = {"name": "guardedcron-run", "mountPath": "/var/run/guardedcron", "readOnly": True}

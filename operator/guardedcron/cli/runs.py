@@ -125,6 +125,8 @@ def _run(args: argparse.Namespace) -> int:
 
     def read(conn: Any) -> dict[str, Any]:
         report: dict[str, Any] = {"lock": args.lock}
+        # Another tenant's lock is refused (exit 77) before anything is read or written.
+        history.check_grant(conn, args.lock)
         # The gap window first: it may still refuse the input, before anything is written.
         window = None
         if schedule is not None and zone is not None:
@@ -171,7 +173,9 @@ def _gap_window(
 ) -> tuple[datetime, datetime, list[datetime]]:
     """The window to search (default: the last 7 days, no older than the oldest kept run)
     and the fire times the schedule expects in it; too many is bad input."""
-    row = conn.execute(
+    from guardedcron.guard.timestamps import reading
+
+    row = reading(conn).execute(
         "SELECT clock_timestamp(), min(started_at) FROM guardedcron.runs WHERE lock_name = %s",
         (lock,),
     ).fetchone()
@@ -180,9 +184,10 @@ def _gap_window(
     oldest_kept: datetime | None = row[1]
     end = until or db_now - tolerance
     start = since or end - DEFAULT_GAP_WINDOW
-    if since is None and oldest_kept is not None:
-        # Before the oldest run retention kept, a missing run is not a gap.
-        start = max(start, oldest_kept - tolerance)
+    if since is None and oldest_kept is not None and oldest_kept > start + tolerance:
+        # Before the oldest run retention kept, a missing run is not a gap. (Compared
+        # first: an edited row's '-infinity' reads as the year 1, which has no earlier time.)
+        start = oldest_kept - tolerance
     # iter_between excludes its start; the window includes it.
     fire_times = schedule.iter_between(start - timedelta(microseconds=1), end, zone)
     expected = list(itertools.islice(fire_times, MAX_EXPECTED_RUNS + 1))

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from guardedcron.contract import EXIT_SCHEMA, EXIT_UNAVAILABLE, EXIT_USAGE
+from typing import Any
+
+from guardedcron.contract import (
+    EXIT_NOT_GRANTED,
+    EXIT_SCHEMA,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    SQLSTATE_NOT_GRANTED,
+)
+
+# PostgreSQL's insufficient_privilege: the role was never given the schema or a function.
+INSUFFICIENT_PRIVILEGE_SQLSTATE = "42501"
 
 
 class GuardError(Exception):
@@ -27,6 +38,34 @@ class FenceExhausted(GuardError):
     """The lock's fences reached the bigint maximum: an administrator must act (exit 78)."""
 
     exit_code = EXIT_SCHEMA
+
+
+class NotPermitted(GuardError):
+    """The database refused the role what it asked (exit 77, EX_NOPERM)."""
+
+    exit_code = EXIT_NOT_GRANTED
+
+
+class LockNotGranted(NotPermitted):
+    """The database role may not use the lock: `guardedcron db grant` gives it."""
+
+
+def not_granted(exc: Any, lock: str, role: str | None) -> LockNotGranted | None:
+    """The refusal a database error stands for, if it is one: the functions' GC003 (no
+    grant covers the lock), or permission denied on the schema or a function (the role was
+    never granted anything). Says the lock and the role; nothing of the connection."""
+    state = getattr(exc, "sqlstate", None)
+    if state not in (SQLSTATE_NOT_GRANTED, INSUFFICIENT_PRIVILEGE_SQLSTATE):
+        return None
+    who = f'role "{role}"' if role else "this role"
+    if state == SQLSTATE_NOT_GRANTED:
+        why = "no grant covers it"
+    else:
+        why = "it has no access to the guardedcron schema"
+    return LockNotGranted(
+        f'lock "{lock}" is not granted to {who} ({why}); an administrator grants it with '
+        f"`guardedcron db grant --role {role or 'ROLE'} --lock-prefix PREFIX`"
+    )
 
 
 class StaleFenceError(Exception):

@@ -29,7 +29,7 @@ from guardedcron.contract import (
     LEASE_FILE,
     RUN_DIR,
 )
-from guardedcron.guard.errors import StaleFenceError
+from guardedcron.guard.errors import StaleFenceError, not_granted
 
 if TYPE_CHECKING:
     import psycopg
@@ -62,7 +62,8 @@ def read_lease(run_dir: str | Path = RUN_DIR) -> HeldLease:
 
 
 def check_fence(conn: psycopg.Connection[tuple[Any, ...]], lock: str, fence: int) -> None:
-    """Raise StaleFenceError unless `fence` is the lock's current fence.
+    """Raise StaleFenceError unless `fence` is the lock's current fence, and
+    LockNotGranted (exit code 77) when the connection's role may not use `lock`.
 
     Must run inside the caller's transaction (not autocommit) to protect its writes.
     """
@@ -73,4 +74,7 @@ def check_fence(conn: psycopg.Connection[tuple[Any, ...]], lock: str, fence: int
     except psycopg.Error as exc:
         if exc.sqlstate == STALE_FENCE_SQLSTATE:
             raise StaleFenceError(str(exc.diag.message_primary or exc)) from exc
+        refusal = not_granted(exc, lock, conn.info.user)
+        if refusal is not None:
+            raise refusal from None
         raise

@@ -42,13 +42,14 @@ from guardedcron.contract import (
     KEY_RENEWALS,
     KEY_SENT_MONOTONIC,
     LEASE_FILE,
+    MAX_LEASE_SECONDS,
     RENEWALS_PER_LEASE,
     KeeperOutcome,
     ReleaseOutcome,
 )
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.connection import call_with_deadline, scrub
-from guardedcron.guard.errors import SchemaOutdated
+from guardedcron.guard.errors import NotPermitted, SchemaOutdated
 from guardedcron.guard.outputs import write_lost_marker, write_termination_message
 
 if TYPE_CHECKING:
@@ -198,7 +199,8 @@ class Keeper:
             state = self._finish(call)
             if state is None:
                 assert call.error is not None
-                if self.renewals == 0 and isinstance(call.error, SchemaOutdated):
+                if self.renewals == 0 and isinstance(call.error, SchemaOutdated | NotPermitted):
+                    # Nothing a retry changes (schema missing, lock not granted): say so at once.
                     self._log(str(call.error))
                     return call.error.exit_code
                 last_error = self._describe(call.error)
@@ -209,8 +211,7 @@ class Keeper:
                 return self._lost(f"lease taken over by {state.holder} with fence {state.fence}", None)
             self.renewals += 1
             last_error = None
-            remaining = (state.locked_until - state.db_now).total_seconds()  # type: ignore[operator]
-            deadline = sent + remaining - self.margin
+            deadline = sent + believed_remaining(state) - self.margin
             next_renewal = sent + self.interval
 
     def _first_deadline(self) -> float:
@@ -333,6 +334,14 @@ class Keeper:
             return bounded
         record_by = deadline + self.margin * RECORD_SHARE_OF_MARGIN
         return min(bounded, record_by) if record_by > now else bounded
+
+
+def believed_remaining(state: lease_ops.LeaseState) -> float:
+    """Seconds the renewed lease still lasts, by the database's answer, never more than the
+    longest lease (7 days): no renewal grants more, so a longer one ('infinity' written by
+    hand reads as the year 9999) is believed only that far, and every wait stays bounded."""
+    assert state.locked_until is not None  # a renewal that worked answers with its lease
+    return min((state.locked_until - state.db_now).total_seconds(), float(MAX_LEASE_SECONDS))
 
 
 def acquire_timing(lease_file: Path, fence: int) -> tuple[float, float] | None:

@@ -21,7 +21,7 @@ from guardedcron.contract import (
     AcquireReason,
     ReleaseOutcome,
 )
-from guardedcron.guard.errors import BadInput, FenceExhausted
+from guardedcron.guard.errors import BadInput, FenceExhausted, not_granted
 
 if TYPE_CHECKING:
     import psycopg
@@ -124,6 +124,8 @@ def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
     import psycopg
     from psycopg.pq import TransactionStatus
 
+    from guardedcron.guard.timestamps import reading
+
     if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
         raise BadInput(
             "acquire needs a connection of its own in autocommit mode, outside any transaction: "
@@ -140,7 +142,7 @@ def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
     )
     for attempt in range(1, SERIALIZATION_TRIES + 1):
         try:
-            row = conn.execute(
+            row = reading(conn).execute(
                 "SELECT * FROM guardedcron.acquire_v2(%s, %s, %s, %s, %s, %s, %s)", arguments
             ).fetchone()
             break
@@ -162,6 +164,9 @@ def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
         except psycopg.Error as exc:
             if exc.sqlstate == FENCE_EXHAUSTED_SQLSTATE:
                 raise FenceExhausted(str(exc.diag.message_primary or exc)) from None
+            refusal = not_granted(exc, request.lock, conn.info.user)
+            if refusal is not None:
+                raise refusal from None
             raise
     assert row is not None
     acquired, reason, holder, fence, locked_until, run_id, db_now = row
@@ -182,7 +187,7 @@ def _row_busy(conn: Connection, request: AcquireRequest, why: str) -> AcquireRes
 
     try:
         row = conn.execute(
-            "SELECT guardedcron._record_skip(%s, %s, %s, %s, clock_timestamp())",
+            "SELECT guardedcron.record_skip_v1(%s, %s, %s, %s)",
             (request.lock, request.holder, request.slot, why),
         ).fetchone()
     except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
@@ -199,6 +204,7 @@ def renew(conn: Connection, lock: str, holder: str, fence: int, lease_seconds: f
     return _state(
         _fetch_retrying(
             conn,
+            lock,
             "SELECT * FROM guardedcron.renew_v2(%s, %s, %s, %s)",
             (lock, holder, fence, float(lease_seconds)),
         )
@@ -222,6 +228,7 @@ def release(
     return _state(
         _fetch_retrying(
             conn,
+            lock,
             "SELECT released, holder, fence, locked_until, db_now"
             " FROM guardedcron.release_v2(%s, %s, %s, %s, %s)",
             (lock, holder, fence, outcome, reason),
@@ -231,22 +238,30 @@ def release(
 
 def mark_lost(conn: Connection, lock: str, holder: str, fence: int, reason: str) -> bool:
     row = _fetch_retrying(
-        conn, "SELECT guardedcron.mark_lost_v1(%s, %s, %s, %s)", (lock, holder, fence, reason)
+        conn, lock, "SELECT guardedcron.mark_lost_v1(%s, %s, %s, %s)", (lock, holder, fence, reason)
     )
     return row[0] is not None
 
 
-def _fetch_retrying(conn: Connection, query: str, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
-    """One row of a one-statement call, retried on serialization failures (other isolation levels)."""
+def _fetch_retrying(conn: Connection, lock: str, query: str, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
+    """One row of a one-statement call on `lock`, retried on serialization failures (other
+    isolation levels); a refused grant is LockNotGranted."""
     import psycopg
+
+    from guardedcron.guard.timestamps import reading
 
     for attempt in range(1, SERIALIZATION_TRIES + 1):
         try:
-            row = conn.execute(query, arguments).fetchone()
+            row = reading(conn).execute(query, arguments).fetchone()
         except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
             if attempt == SERIALIZATION_TRIES or not conn.autocommit:
                 raise
             continue
+        except psycopg.Error as exc:
+            refusal = not_granted(exc, lock, conn.info.user)
+            if refusal is not None:
+                raise refusal from None
+            raise
         assert row is not None
         return row
     raise AssertionError("unreachable: the last try returns or raises")

@@ -7,6 +7,7 @@ advisory lock: concurrent callers queue, and each sees what the first applied.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -37,11 +38,35 @@ def load_migrations() -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-LATEST_VERSION = 3  # the schema this tool's SQL functions (the _v2 names) need
+# The schema this tool needs: version 4's grant-checked functions (record_skip_v1,
+# check_grant_v1) and the runs policy.
+LATEST_VERSION = 4
 
 
-def migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Migration]:
-    """Apply every migration not yet applied; return the ones this call applied."""
+def migrate(
+    conn: psycopg.Connection[tuple[Any, ...]], on_notice: Callable[[str], None] | None = None
+) -> list[Migration]:
+    """Apply every migration not yet applied; return the ones this call applied.
+
+    A migration says what it did to existing roles and grants in NOTICEs (version 4 does);
+    `on_notice` gets each one's text, so that `db migrate` can print it.
+    """
+    if on_notice is None:
+        return _migrate(conn)
+    report = on_notice
+
+    def forward(diagnostic: psycopg.errors.Diagnostic) -> None:
+        if diagnostic.message_primary and diagnostic.message_primary.startswith(f"{SCHEMA}: "):
+            report(diagnostic.message_primary)
+
+    conn.add_notice_handler(forward)
+    try:
+        return _migrate(conn)
+    finally:
+        conn.remove_notice_handler(forward)
+
+
+def _migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Migration]:
     applied_now: list[Migration] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
@@ -71,3 +96,20 @@ def current_version(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
         return 0
     version = conn.execute(f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.schema_migrations").fetchone()
     return int(version[0]) if version else 0
+
+
+@dataclass(frozen=True)
+class SchemaOwner:
+    name: str
+    superuser: bool
+
+
+def schema_owner(conn: psycopg.Connection[tuple[Any, ...]]) -> SchemaOwner:
+    """The role that owns the schema, and so every guardedcron object (version 4)."""
+    row = conn.execute(
+        "SELECT r.rolname, r.rolsuper FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner"
+        " WHERE n.nspname = %s",
+        (SCHEMA,),
+    ).fetchone()
+    assert row is not None, "called after migrate(), which creates the schema"
+    return SchemaOwner(str(row[0]), bool(row[1]))

@@ -272,6 +272,7 @@ def _guard_error(base: _Facts, report: GuardReport, exit_code: int | None, guard
         contract.EXIT_USAGE: "bad input",
         contract.EXIT_UNAVAILABLE: "database unreachable",
         contract.EXIT_INTERNAL: "internal error",
+        contract.EXIT_NOT_GRANTED: "lock not granted to the database role",
         contract.EXIT_SCHEMA: "database schema missing or outdated",
     }.get(exit_code or 0) or clean_text(guard_end.get("reason")) or "crashed"
     reason = f"guard exited {exit_code if exit_code is not None else '?'} ({meaning})"
