@@ -2,8 +2,10 @@
 
 A check that times the guard itself (the seeds' 5-second burst) must measure the guard, not
 the suites beside it: it runs first, before any session-wide server or control plane has
-started. The e2e suite runs last, because its control planes are session-scoped and keep
-running beside every test after the first e2e test. Otherwise the collection order.
+started. The e2e suite runs late, because its control planes are session-scoped and keep
+running beside every test after the first e2e test, and the node tier last: one real node
+per machine at a time, its machine-wide state (iptables, cgroups) checked clean first.
+Otherwise the collection order.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ QUIET_MACHINE_MARKER = (
 def rank(item: pytest.Item) -> int:
     if item.get_closest_marker(QUIET_MACHINE):
         return 0
+    if item.get_closest_marker("node"):
+        return 3
     return 2 if item.get_closest_marker("e2e") else 1
 
 

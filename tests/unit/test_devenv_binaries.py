@@ -9,6 +9,7 @@ import pytest
 
 from guardedcron_devenv import binaries
 from guardedcron_devenv.binaries import (
+    NODE_TARGETS,
     TARGETS,
     BuildError,
     build_cache_root,
@@ -18,6 +19,7 @@ from guardedcron_devenv.binaries import (
     pinned_versions,
     required_version,
     sources_digest,
+    target_sources,
 )
 
 
@@ -67,7 +69,7 @@ def no_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("no_go")
 def test_a_warm_cache_is_reused_without_building(tmp_path: Path) -> None:
     kube, etcd = pinned_versions()
-    bin_dir = _fake_cache(tmp_path, build_stamp(sources_digest(), kube, etcd))
+    bin_dir = _fake_cache(tmp_path, build_stamp(sources_digest(only=target_sources(TARGETS)), kube, etcd))
     lines: list[str] = []
     paths = ensure_binaries(progress=lines.append)
     assert paths.kube_apiserver == bin_dir / "kube-apiserver"
@@ -86,7 +88,29 @@ def test_a_stale_stamp_triggers_a_build(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("no_go")
 def test_rebuild_can_be_forced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kube, etcd = pinned_versions()
-    _fake_cache(tmp_path, build_stamp(sources_digest(), kube, etcd))
+    _fake_cache(tmp_path, build_stamp(sources_digest(only=target_sources(TARGETS)), kube, etcd))
     monkeypatch.setenv(binaries.REBUILD_ENV, "1")
     with pytest.raises(BuildError, match="not on PATH"):
         ensure_binaries(progress=lambda line: None)
+
+
+def test_each_group_is_keyed_on_its_own_sources_only(tmp_path: Path) -> None:
+    """Editing a node main or Toxiproxy must not relink the control plane, and back."""
+    root = tmp_path / "go"
+    for relative in ("kube/go.mod", "kube/go.sum", "kube/cmd/kube-apiserver/main.go",
+                     "kube/cmd/kubelet/main.go", "etcd/main.go", "toxiproxy/main.go"):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(relative)
+    plane, node = target_sources(TARGETS), target_sources(NODE_TARGETS)
+
+    def digests() -> tuple[str, str]:
+        return sources_digest(root, only=plane), sources_digest(root, only=node)
+
+    before = digests()
+    (root / "toxiproxy/main.go").write_text("edited")
+    assert digests() == before
+    (root / "kube/cmd/kubelet/main.go").write_text("edited")
+    after_node_edit = digests()
+    assert after_node_edit[0] == before[0] and after_node_edit[1] != before[1]
+    (root / "kube/go.sum").write_text("edited")  # shared: both rebuild
+    assert all(a != b for a, b in zip(digests(), after_node_edit, strict=True))

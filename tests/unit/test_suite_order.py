@@ -1,6 +1,7 @@
 """The suite's order (tests/support/suite_order.py, hooked in by tests/conftest.py): checks
 that time the guard run first, before any session-wide server or control plane has started,
-and the e2e suite last, since its control planes run until the session ends. Checked on a
+then the e2e suite, since its control planes run until the session ends, and the node tier
+last (one real node per machine at a time). Checked on a
 small suite collected by a real pytest."""
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ FILES = {
         "def pytest_collection_modifyitems(config, items):\n"
         "    quiet_checks_first_e2e_last(items)\n"
     ),
-    "pytest.ini": "[pytest]\naddopts = --strict-markers\nmarkers =\n    e2e: a control plane\n",
+    "pytest.ini": (
+        "[pytest]\naddopts = --strict-markers\nmarkers =\n    e2e: a control plane\n    node: a node\n"
+    ),
     # named so that the collection order is the opposite of the order wanted
+    "test_0_node.py": "import pytest\npytestmark = pytest.mark.node\ndef test_pod(): pass\n",
     "test_a_e2e.py": "import pytest\npytestmark = pytest.mark.e2e\ndef test_cluster(): pass\n",
     "test_b_plain.py": "def test_one(): pass\ndef test_two(): pass\n",
     "test_c_timed.py": (
@@ -34,7 +38,7 @@ FILES = {
 }
 
 
-def test_timed_checks_run_first_and_the_e2e_suite_last(tmp_path: Path) -> None:
+def test_timed_checks_run_first_then_the_e2e_suite_and_the_node_tier_last(tmp_path: Path) -> None:
     for name, text in FILES.items():
         (tmp_path / name).write_text(text)
     proc = subprocess.run(
@@ -52,6 +56,7 @@ def test_timed_checks_run_first_and_the_e2e_suite_last(tmp_path: Path) -> None:
         "test_b_plain.py::test_two",
         "test_c_timed.py::test_before",
         "test_a_e2e.py::test_cluster",
+        "test_0_node.py::test_pod",
     ], proc.stdout + proc.stderr
 
 

@@ -4,7 +4,11 @@ No package registry here ships kube-apiserver or etcd, but both are published as
 modules. Our own tiny modules under `go/` pin one release of each; this module builds
 them with the local Go toolchain, once per version, into a cache folder:
 
-    ${XDG_CACHE_HOME:-~/.cache}/guardedcron/kube-<version>-etcd-<version>/bin/
+    ${XDG_CACHE_HOME:-~/.cache}/guardedcron/kube-<version>-etcd-<version>/bin/   control plane
+    ${XDG_CACHE_HOME:-~/.cache}/guardedcron/node-<version>/bin/                  a real node
+
+Each group is keyed on the sources it is built from only, so adding a node binary does
+not rebuild the control plane.
 
 A cold build takes many minutes on two cores; a warm call only checks the binaries and
 the stamp. Delete the folder, or set GUARDEDCRON_REBUILD=1, to force a rebuild.
@@ -54,6 +58,43 @@ TARGETS: Final = (
     BuildTarget("kube-controller-manager", "kube", "./cmd/kube-controller-manager"),
     BuildTarget("kubectl", "kube", "./cmd/kubectl"),
 )
+NODE_TARGETS: Final = (
+    BuildTarget("kubelet", "kube", "./cmd/kubelet"),
+    BuildTarget("kube-scheduler", "kube", "./cmd/kube-scheduler"),
+    BuildTarget("kube-proxy", "kube", "./cmd/kube-proxy"),
+)
+
+
+def target_sources(targets: tuple[BuildTarget, ...]) -> tuple[str, ...]:
+    """The files under go/ a group of targets is built from (module files and mains)."""
+    sources: set[str] = set()
+    for target in targets:
+        sources |= {f"{target.module_dir}/go.mod", f"{target.module_dir}/go.sum"}
+        if target.package == ".":
+            sources.add(f"{target.module_dir}/")
+        else:
+            sources.add(f"{target.module_dir}/{target.package.removeprefix('./')}/")
+    return tuple(sorted(sources))
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    """kubelet, kube-scheduler and kube-proxy of the control plane's release."""
+
+    bin_dir: Path
+    kubernetes_version: str
+
+    @property
+    def kubelet(self) -> Path:
+        return self.bin_dir / "kubelet"
+
+    @property
+    def kube_scheduler(self) -> Path:
+        return self.bin_dir / "kube-scheduler"
+
+    @property
+    def kube_proxy(self) -> Path:
+        return self.bin_dir / "kube-proxy"
 
 
 @dataclass(frozen=True)
@@ -101,10 +142,13 @@ def build_version_dir_name(kubernetes_version: str, etcd_version: str) -> str:
     return f"kube-{kubernetes_version}-etcd-{etcd_version}"
 
 
-def build_stamp(sources_digest: str, kubernetes_version: str, etcd_version: str) -> dict[str, str]:
+def build_stamp(
+    sources_digest: str, kubernetes_version: str, etcd_version: str,
+    targets: tuple[BuildTarget, ...] = TARGETS,
+) -> dict[str, str]:
     """What a build is keyed on: a change to any value makes the cached binaries stale."""
     commands = [
-        " ".join(build_go_command(target, Path("bin"), kubernetes_version)) for target in TARGETS
+        " ".join(build_go_command(target, Path("bin"), kubernetes_version)) for target in targets
     ]
     return {
         "kubernetes": kubernetes_version,
@@ -155,11 +199,16 @@ def build_go_env(base: dict[str, str] | os._Environ[str], cache_root: Path) -> d
     return env
 
 
-def sources_digest(root: Path = GO_SOURCES) -> str:
-    """A digest of our Go sources, so editing a main or go.mod rebuilds."""
+def sources_digest(root: Path = GO_SOURCES, only: tuple[str, ...] = ("",)) -> str:
+    """A digest of our Go sources under `root` (those whose relative path starts with one
+    of `only`), so editing a main or go.mod rebuilds what is built from it."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(root)).encode())
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    for path in files:
+        relative = str(path.relative_to(root))
+        if not relative.startswith(only):
+            continue
+        digest.update(relative.encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -179,11 +228,30 @@ def ensure_binaries(progress: Progress = print) -> Paths:
     paths = Paths(version_dir / "bin", kube_version, etcd_version)
     build_cached(
         version_dir,
-        lambda: build_stamp(sources_digest(), kube_version, etcd_version),
-        lambda wanted: _is_current(paths, wanted),
-        lambda: _build_all(paths, cache_root, progress),
+        lambda: build_stamp(
+            sources_digest(only=target_sources(TARGETS)), kube_version, etcd_version
+        ),
+        lambda wanted: _is_current(paths.bin_dir, TARGETS, wanted),
+        lambda: _build_targets(TARGETS, paths.bin_dir, kube_version, cache_root, progress),
     )
     return paths
+
+
+def ensure_node_binaries(progress: Progress = print) -> NodeBinaries:
+    """kubelet, kube-scheduler and kube-proxy, cached like the control plane's binaries."""
+    kube_version, _ = pinned_versions()
+    cache_root = build_cache_root(os.environ)
+    version_dir = cache_root / f"node-{kube_version}"
+    node = NodeBinaries(version_dir / "bin", kube_version)
+    build_cached(
+        version_dir,
+        lambda: build_stamp(
+            sources_digest(only=target_sources(NODE_TARGETS)), kube_version, "", NODE_TARGETS
+        ),
+        lambda wanted: _is_current(node.bin_dir, NODE_TARGETS, wanted),
+        lambda: _build_targets(NODE_TARGETS, node.bin_dir, kube_version, cache_root, progress),
+    )
+    return node
 
 
 def build_cached(
@@ -208,15 +276,15 @@ def build_cached(
         (version_dir / STAMP_FILE).write_text(json.dumps(stamp(), indent=2) + "\n")
 
 
-def _is_current(paths: Paths, wanted: dict[str, str]) -> bool:
-    stamp_path = paths.bin_dir.parent / STAMP_FILE
+def _is_current(bin_dir: Path, targets: tuple[BuildTarget, ...], wanted: dict[str, str]) -> bool:
+    stamp_path = bin_dir.parent / STAMP_FILE
     if not stamp_path.is_file():
         return False
     try:
         stamp = json.loads(stamp_path.read_text())
     except json.JSONDecodeError:
         return False
-    binaries_present = all(os.access(paths.bin_dir / t.name, os.X_OK) for t in TARGETS)
+    binaries_present = all(os.access(bin_dir / t.name, os.X_OK) for t in targets)
     return bool(stamp == wanted and binaries_present)
 
 
@@ -230,36 +298,37 @@ def exclusive_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _build_all(paths: Paths, cache_root: Path, progress: Progress) -> None:
+def _build_targets(
+    targets: tuple[BuildTarget, ...], bin_dir: Path, kubernetes_version: str, cache_root: Path,
+    progress: Progress,
+) -> None:
+    names = ", ".join(t.name for t in targets)
     if shutil.which("go") is None:
         raise BuildError(
-            "the Go toolchain ('go') is not on PATH; it is needed once to build "
-            f"kube-apiserver {paths.kubernetes_version} and etcd {paths.etcd_version}"
+            f"the Go toolchain ('go') is not on PATH; it is needed once to build {names} "
+            f"(Kubernetes {kubernetes_version})"
         )
     # Build into a scratch folder and move each binary in only when it is complete, so
     # an interrupted build never leaves a half-written binary that looks usable.
-    scratch = paths.bin_dir.parent / "bin.partial"
+    scratch = bin_dir.parent / "bin.partial"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    paths.bin_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
     env = build_go_env(os.environ, cache_root)
-    log_path = paths.bin_dir.parent / BUILD_LOG
+    log_path = bin_dir.parent / BUILD_LOG
     log_path.write_text("")
     total_started = time.monotonic()
-    for index, target in enumerate(TARGETS, start=1):
+    for index, target in enumerate(targets, start=1):
         progress(
-            f"guardedcron: building {target.name} ({index}/{len(TARGETS)}) from Go modules "
+            f"guardedcron: building {target.name} ({index}/{len(targets)}) from Go modules "
             "(minutes on a cold cache)..."
         )
         started = time.monotonic()
-        _run_go_build(target, scratch, paths.kubernetes_version, env, log_path)
-        os.replace(scratch / target.name, paths.bin_dir / target.name)
+        _run_go_build(target, scratch, kubernetes_version, env, log_path)
+        os.replace(scratch / target.name, bin_dir / target.name)
         progress(f"guardedcron: built {target.name} in {time.monotonic() - started:.0f} s")
     shutil.rmtree(scratch, ignore_errors=True)
-    progress(
-        f"guardedcron: control-plane binaries ready in {paths.bin_dir} "
-        f"({time.monotonic() - total_started:.0f} s)"
-    )
+    progress(f"guardedcron: {names} ready in {bin_dir} ({time.monotonic() - total_started:.0f} s)")
 
 
 def _run_go_build(
@@ -286,9 +355,9 @@ def _run_go_build(
 
 
 def main() -> None:
-    """`python -m guardedcron_devenv.binaries`: build (or reuse) and print the folder."""
-    paths = ensure_binaries()
-    print(paths.bin_dir)
+    """`python -m guardedcron_devenv.binaries`: build (or reuse) and print the folders."""
+    print(ensure_binaries().bin_dir)
+    print(ensure_node_binaries().bin_dir)
 
 
 if __name__ == "__main__":

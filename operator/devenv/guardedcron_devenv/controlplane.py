@@ -55,6 +55,18 @@ CONTROLLERS: Final = (
     "ttl-after-finished-controller",
 )
 
+# With a real node: Services route to pods (endpoints), the chart's Deployment makes
+# ReplicaSets and pods, finished pods of deleted owners are collected, and the node
+# lifecycle controller lifts the not-ready taint a kubelet registers with.
+NODE_CONTROLLERS: Final = (
+    "node-lifecycle-controller",
+    "endpointslice-controller",
+    "endpoints-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "pod-garbage-collector-controller",
+)
+
 STOP_GRACE_SECONDS: Final = 10.0
 POLL_INTERVAL_SECONDS: Final = 0.25
 LOG_TAIL_LINES: Final = 40
@@ -104,13 +116,24 @@ def build_etcd_args(
 
 
 def build_apiserver_args(
-    apiserver: Path, pki: ControlPlanePki, etcd_url: str, port: int, cert_dir: Path
+    apiserver: Path, pki: ControlPlanePki, etcd_url: str, port: int, cert_dir: Path,
+    host_address: str = LOOPBACK,
 ) -> list[str]:
+    if host_address == LOOPBACK:
+        # The service's endpoint would be 127.0.0.1, which Endpoints validation refuses
+        # every 10 s; without a node, nothing routes service traffic anyway.
+        services = ["--endpoint-reconciler-type=none"]
+    else:
+        # A real node: kube-proxy routes kubernetes.default.svc to this address, and the
+        # API server reaches the kubelet (logs, exec) with the admin's certificate.
+        services = [f"--kubelet-client-certificate={pki.admin.cert}",
+                    f"--kubelet-client-key={pki.admin.key}",
+                    "--kubelet-preferred-address-types=InternalIP"]
     return [
         str(apiserver),
         f"--etcd-servers={etcd_url}",
-        f"--bind-address={LOOPBACK}",
-        f"--advertise-address={LOOPBACK}",
+        f"--bind-address={host_address}",
+        f"--advertise-address={host_address}",
         f"--secure-port={port}",
         f"--cert-dir={cert_dir}",
         f"--tls-cert-file={pki.apiserver.cert}",
@@ -121,16 +144,15 @@ def build_apiserver_args(
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--authorization-mode=Node,RBAC",
-        # The service's endpoint would be 127.0.0.1, which Endpoints validation refuses
-        # every 10 s; nothing here routes service traffic anyway.
-        "--endpoint-reconciler-type=none",
+        *services,
         "--allow-privileged=true",
         "--profiling=false",
     ]
 
 
 def build_controller_manager_args(
-    controller_manager: Path, pki: ControlPlanePki, kubeconfig: Path, port: int, cert_dir: Path
+    controller_manager: Path, pki: ControlPlanePki, kubeconfig: Path, port: int, cert_dir: Path,
+    controllers: tuple[str, ...] = CONTROLLERS,
 ) -> list[str]:
     return [
         str(controller_manager),
@@ -143,7 +165,7 @@ def build_controller_manager_args(
         f"--secure-port={port}",
         f"--cert-dir={cert_dir}",
         "--leader-elect=false",
-        f"--controllers={','.join(CONTROLLERS)}",
+        f"--controllers={','.join(controllers)}",
         # Each controller acts as its own service account, so RBAC is exercised as in a
         # real cluster.
         "--use-service-account-credentials=true",
@@ -214,8 +236,11 @@ class ControlPlane:
         logs_dir: Path | None = None,
         startup_timeout: float = 180.0,
         progress: Progress = print,
+        host_address: str = LOOPBACK,
     ) -> None:
         self.name = name
+        # LOOPBACK, or the gateway address of a PodNetwork when a real node joins.
+        self.host_address = host_address
         self.startup_timeout = startup_timeout
         self.service_account_issuer = SERVICE_ACCOUNT_ISSUER
         self._binaries = binaries
@@ -259,7 +284,7 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop the processes (newest first) by process group, then remove the temp folder."""
         for name in reversed(list(self._processes)):
-            _stop_process_group(self._processes.pop(name))
+            stop_process_group(self._processes.pop(name))
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -343,6 +368,10 @@ class ControlPlane:
 
     # --- internals -------------------------------------------------------------------
 
+    @property
+    def pki(self) -> ControlPlanePki:
+        return self._require_pki()
+
     def _require_pki(self) -> ControlPlanePki:
         if self._pki is None:
             raise ControlPlaneError(f"control plane {self.name!r} is not running")
@@ -356,7 +385,9 @@ class ControlPlane:
     def _start_processes(self, binaries: Paths, workdir: Path) -> None:
         self._binaries = binaries
         started = time.monotonic()
-        self._pki = pki = make_pki(workdir / "pki", self.name, KUBERNETES_SERVICE_IP)
+        self._pki = pki = make_pki(
+            workdir / "pki", self.name, KUBERNETES_SERVICE_IP, extra_ips=(self.host_address,)
+        )
 
         client_port, peer_port = free_port(), free_port()
         self.etcd_url = f"http://{LOOPBACK}:{client_port}"
@@ -367,7 +398,7 @@ class ControlPlane:
         self._wait_until("etcd is healthy", self._etcd_healthy)
 
         apiserver_port = free_port()
-        self.server = f"https://{LOOPBACK}:{apiserver_port}"
+        self.server = f"https://{self.host_address}:{apiserver_port}"
         self.kubeconfig.write_text(
             build_kubeconfig(
                 self.server, pki.ca.cert, build_client_cert_credentials(pki.admin), self.name,
@@ -377,7 +408,8 @@ class ControlPlane:
         self._spawn(
             "kube-apiserver",
             build_apiserver_args(
-                binaries.kube_apiserver, pki, self.etcd_url, apiserver_port, workdir / "apiserver"
+                binaries.kube_apiserver, pki, self.etcd_url, apiserver_port, workdir / "apiserver",
+                self.host_address,
             ),
         )
         self._wait_until("kube-apiserver answers /readyz", lambda: self._ok("/readyz"))
@@ -395,7 +427,8 @@ class ControlPlane:
         self._spawn(
             "kube-controller-manager",
             build_controller_manager_args(
-                binaries.kube_controller_manager, pki, kcm_kubeconfig, free_port(), workdir / "kcm"
+                binaries.kube_controller_manager, pki, kcm_kubeconfig, free_port(), workdir / "kcm",
+                CONTROLLERS if self.host_address == LOOPBACK else CONTROLLERS + NODE_CONTROLLERS,
             ),
         )
         # The service-account controller creating "default" proves the controllers run;
@@ -410,18 +443,7 @@ class ControlPlane:
         )
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        # The parent-death signal fires when the spawning *thread* ends, so it is only
-        # safe from the main thread; from a worker thread, stop() is the only clean-up.
-        on_main_thread = threading.current_thread() is threading.main_thread()
-        with (self.logs_dir / f"{name}.log").open("ab") as log:
-            self._processes[name] = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, killed as a whole
-                preexec_fn=_die_with_parent if on_main_thread else None,
-            )
+        self._processes[name] = spawn_logged(args, self.logs_dir / f"{name}.log")
 
     def _wait_until(self, what: str, ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -464,7 +486,23 @@ class ControlPlane:
             return str(response.read().decode())
 
 
-def _stop_process_group(process: subprocess.Popen[bytes]) -> None:
+def spawn_logged(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start a long-running part in its own process group, its output appended to log_path."""
+    # The parent-death signal fires when the spawning *thread* ends, so it is only
+    # safe from the main thread; from a worker thread, stop() is the only clean-up.
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, killed as a whole
+            preexec_fn=_die_with_parent if on_main_thread else None,
+        )
+
+
+def stop_process_group(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is not None:
         return
     try:

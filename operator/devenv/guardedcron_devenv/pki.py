@@ -85,7 +85,9 @@ APISERVER_ALT_NAMES: Final = (
 )
 
 
-def make_pki(folder: Path, cluster_name: str, service_ip: str) -> ControlPlanePki:
+def make_pki(
+    folder: Path, cluster_name: str, service_ip: str, extra_ips: tuple[str, ...] = ()
+) -> ControlPlanePki:
     """Write a CA, the server and client certificates, and the token signing keys."""
     if shutil.which("openssl") is None:
         raise PkiError("the openssl command is not on PATH; it makes the local cluster's certs")
@@ -102,7 +104,8 @@ def make_pki(folder: Path, cluster_name: str, service_ip: str) -> ControlPlanePk
         build_ca_command(pki.ca, f"guardedcron-{cluster_name}-ca"),
         build_leaf_command(
             pki.apiserver, pki.ca, "/CN=kube-apiserver", "serverAuth",
-            (*APISERVER_ALT_NAMES, f"IP:{service_ip}"),
+            (*APISERVER_ALT_NAMES, f"IP:{service_ip}",
+             *(f"IP:{ip}" for ip in extra_ips if f"IP:{ip}" not in APISERVER_ALT_NAMES)),
         ),
         build_leaf_command(
             pki.admin, pki.ca, "/O=system:masters/CN=guardedcron-admin", "clientAuth"

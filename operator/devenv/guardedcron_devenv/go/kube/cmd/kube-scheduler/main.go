@@ -1,0 +1,13 @@
+// kube-scheduler for guardedcron's real-node tier: the upstream command, unchanged.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewSchedulerCommand()))
+}

@@ -1,0 +1,141 @@
+"""A real node runs pods the way a user's cluster does: the pod-lifecycle facts the guard
+relies on (init container exit codes and termination messages, native sidecars stopped
+after the main container, pods reaching the API server through its Service) shown on
+containerd + runc + kubelet, not on the process stand-in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guardedcron_devenv.binaries import NodeBinaries, Paths
+from guardedcron_devenv.controlplane import ControlPlane
+from guardedcron_devenv.node import PodNetwork, RealNode
+from guardedcron_devenv.node_images import BUSYBOX_IMAGE, busybox_image
+from tests.node.conftest import NodeCluster
+
+pytestmark = pytest.mark.node
+
+POD_FINISH_SECONDS = 120.0
+
+
+def container(name: str, script: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", script], **extra}  # fmt: skip
+
+
+def run_pod(plane: ControlPlane, tmp_path: Path, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Create a pod and return it once it has finished (phase Succeeded or Failed)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+           "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, **spec}}  # fmt: skip
+    manifest = tmp_path / f"{name}.json"
+    manifest.write_text(json.dumps(pod))
+    plane.kubectl("apply", "-f", str(manifest))
+    deadline = time.monotonic() + POD_FINISH_SECONDS
+    while True:
+        live: dict[str, Any] = plane.kubectl_json("get", "pod", name, "-n", "default")
+        if live.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            return live
+        assert time.monotonic() < deadline, f"pod {name} did not finish: {live.get('status')}"
+        time.sleep(1)
+
+
+def terminated(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    statuses = pod["status"].get("initContainerStatuses", []) + pod["status"]["containerStatuses"]
+    [status] = [s for s in statuses if s["name"] == name]
+    state: dict[str, Any] = status["state"]["terminated"]
+    return state
+
+
+def test_a_stopped_node_leaves_no_bridge_rules_cgroups_mounts_or_folders(
+    node_binaries: tuple[Paths, NodeBinaries], tmp_path: Path
+) -> None:
+    """First in this file, before the tier's cluster starts: one real node per machine at a
+    time, because kube-proxy's rules and the kubelet's cgroups are machine-wide."""
+    plane_binaries, binaries = node_binaries
+    silent = lambda line: None  # noqa: E731
+    with (
+        PodNetwork("gone", "10.213.9.0/24") as network,
+        ControlPlane(plane_binaries, name="node-gone", progress=silent,
+                     host_address=network.gateway) as plane,
+    ):  # fmt: skip
+        node = RealNode(plane, network, binaries, progress=silent)
+        node.start()
+        workdir = node.workdir
+        node.import_image(busybox_image(BUSYBOX_IMAGE, ["/bin/sh"]))
+        pod = run_pod(plane, tmp_path, "short", {"containers": [container("main", "true")]})
+        assert pod["status"]["phase"] == "Succeeded"
+        assert kube_chains(), "kube-proxy and the kubelet wrote no rules: the check below proves nothing"
+        assert list(Path("/sys/fs/cgroup/memory").glob("kubepods*"))
+        node.stop()
+        assert not workdir.exists()
+        assert str(workdir) not in Path("/proc/self/mounts").read_text()
+        assert kube_chains() == []
+        assert list(Path("/sys/fs/cgroup/memory").glob("kubepods*")) == []
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert network.bridge not in links
+
+
+def kube_chains() -> list[str]:
+    chains = []
+    for family in ("iptables", "ip6tables"):
+        saved = subprocess.run([f"{family}-save"], capture_output=True, text=True, check=True).stdout
+        chains += [line for line in saved.splitlines() if "KUBE-" in line]
+    return chains
+
+
+def test_init_message_main_exit_code_and_sidecar_stop_are_the_kubelets(
+    node_cluster: NodeCluster, tmp_path: Path
+) -> None:
+    pod = run_pod(node_cluster.plane, tmp_path, "lifecycle", {
+        "initContainers": [
+            container("init", 'printf \'{"outcome":"acquired"}\' > /dev/termination-log'),
+            # A native sidecar: it keeps running until the kubelet stops it after the main
+            # container ends; it exits 0 on SIGTERM, as `guardedcron keep` does.
+            container("sidecar", "trap 'exit 0' TERM; sleep 3600 & wait", restartPolicy="Always"),
+        ],
+        "containers": [container("main", "exit 3")],
+    })  # fmt: skip
+    assert pod["status"]["phase"] == "Failed"
+    init = terminated(pod, "init")
+    assert (init["exitCode"], json.loads(init["message"])) == (0, {"outcome": "acquired"})
+    assert terminated(pod, "main")["exitCode"] == 3
+    sidecar = terminated(pod, "sidecar")
+    assert sidecar["exitCode"] == 0, sidecar  # stopped by SIGTERM from the kubelet, not killed
+    assert sidecar["finishedAt"] >= terminated(pod, "main")["finishedAt"]
+
+
+def test_a_failing_init_container_stops_the_pod_before_its_workload(
+    node_cluster: NodeCluster, tmp_path: Path
+) -> None:
+    pod = run_pod(node_cluster.plane, tmp_path, "guard-says-no", {
+        "initContainers": [container("init", "echo held-by-another > /dev/termination-log; exit 75")],
+        "containers": [container("main", "echo the work ran")],
+    })  # fmt: skip
+    assert pod["status"]["phase"] == "Failed"
+    init = terminated(pod, "init")
+    assert (init["exitCode"], init["message"].strip()) == (75, "held-by-another")
+    [main] = pod["status"]["containerStatuses"]
+    assert "terminated" not in main["state"] or main["state"]["terminated"].get("exitCode") != 0
+    assert "running" not in main["state"]
+
+
+def test_pods_reach_the_api_server_through_its_service(
+    node_cluster: NodeCluster, tmp_path: Path
+) -> None:
+    """kube-proxy routes the `kubernetes` Service (the in-cluster configuration's address)."""
+    service = node_cluster.plane.kubectl_json("get", "service", "kubernetes", "-n", "default")
+    address = service["spec"]["clusterIP"]
+    pod = run_pod(node_cluster.plane, tmp_path, "in-cluster", {
+        "containers": [container("main", f"nc -w 10 {address} 443 </dev/null && echo reached")],
+    })  # fmt: skip
+    logs = node_cluster.plane.kubectl("logs", "in-cluster", "-n", "default").stdout
+    assert pod["status"]["phase"] == "Succeeded", logs
+    assert "reached" in logs
+
+
