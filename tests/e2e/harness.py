@@ -31,6 +31,7 @@ import psycopg
 import yaml
 
 from guardedcron import contract
+from guardedcron.spec.locks import namespace_lock, shared_lock
 from guardedcron.spec.settings import DEFAULT_GUARD_IMAGE, ENV_CLUSTER_NAME
 from guardedcron_devenv.admin_api import AdminApi, ApiError
 from guardedcron_devenv.controlplane import ControlPlane
@@ -159,8 +160,11 @@ def first_difference(wanted: Any, live: Any, path: str = "") -> str | None:
 
 
 def lock_of(gcj: Mapping[str, Any]) -> str:
-    lease = gcj["spec"]["lease"]
-    return str(lease.get("name") or f"{gcj['metadata']['namespace']}/{gcj['metadata']['name']}")
+    """The lock a GuardedCronJob's runs take (guardedcron.spec.locks)."""
+    lease, metadata = gcj["spec"]["lease"], gcj["metadata"]
+    if lease.get("sharedLock"):
+        return shared_lock(str(lease["sharedLock"]))
+    return namespace_lock(str(metadata["namespace"]), str(lease.get("name") or metadata["name"]))
 
 
 def slot_job_name(cronjob: str, slot: int) -> str:
@@ -382,9 +386,10 @@ class Scenario:
     def __exit__(self, *_: object) -> None:
         self._stack.close()
 
-    def namespace(self, prefix: str, clusters: Sequence[Cluster]) -> str:
-        """A new namespace of the same name in each of `clusters`, served by a kubelet."""
-        namespace = f"{prefix}-{next(_serial)}-{uuid.uuid4().hex[:5]}"
+    def namespace(self, prefix: str, clusters: Sequence[Cluster], *, exact: bool = False) -> str:
+        """A new namespace of the same name in each of `clusters`, served by a kubelet;
+        named `prefix` itself with `exact` (for settings that list namespaces)."""
+        namespace = prefix if exact else f"{prefix}-{next(_serial)}-{uuid.uuid4().hex[:5]}"
         for cluster in clusters:
             cluster.create_namespace(namespace)
             self._stack.callback(cluster.kubectl, "delete", "namespace", namespace,

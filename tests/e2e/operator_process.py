@@ -57,15 +57,17 @@ class OperatorProcess:
     """One cluster's operator: installed (RBAC), started, killed, restarted by the test."""
 
     def __init__(self, cluster: Cluster, workdir: Path, *, release: str = RELEASE,
-                 without: tuple[str, str] | None = None) -> None:
+                 without: tuple[str, str] | None = None,
+                 values: Mapping[str, str] | None = None) -> None:
         """`without=(resource, verb)` takes that grant out of the chart's rules (to show
-        that a missing permission is noticed)."""
+        that a missing permission is noticed); `values` are more `--set` chart values."""
         self.cluster = cluster
         self.workdir = workdir
         self.log_path = workdir / "operator.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        objects = render_chart({"clusterName": cluster.name, "crds.enabled": "false"}, release)
+        objects = render_chart({"clusterName": cluster.name, "crds.enabled": "false",
+                                **(values or {})}, release)
         self.rbac = [o for o in objects if o["kind"] in RBAC_KINDS]
         if without is not None:
             for role in (o for o in self.rbac if o["kind"] in ("ClusterRole", "Role")):
