@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.chaos.plan import Plan, add_options, plan_from_options
@@ -39,6 +40,17 @@ def chaos_plan(pytestconfig: pytest.Config) -> Plan:
 def restartable_postgres() -> Iterator[ThrowawayPostgres]:
     with ThrowawayPostgres() as server:
         yield server
+
+
+@pytest.fixture
+def chaos_pooler(restartable_postgres: ThrowawayPostgres) -> Iterator[PgBouncer]:
+    """A real PgBouncer in transaction mode in front of the chaos run's server, for its pooled
+    lane. Three server sessions for six seats, so clients really take turns; a failed server
+    login (the server restarting) is retried after 0.5 s instead of 15; a client waits at most
+    10 s for a server session and 5 s for a server connection to open, then gets an error."""
+    settings = {"server_login_retry": "0.5", "query_wait_timeout": "10", "server_connect_timeout": "5"}
+    with PgBouncer(restartable_postgres.dsn(), pool_size=3, settings=settings) as pooler:
+        yield pooler
 
 
 @pytest.fixture

@@ -1,6 +1,14 @@
 """Connection lanes (`conn-N`): contenders are threads with their own connections calling
 the same SQL functions through guardedcron.guard.lease, where process start-up would
 otherwise eat the 2-core budget; their holders stall past the lease in-process.
+
+A pooled lane (`pool-N`) is the same lane with every connection going through a real
+PgBouncer in transaction mode (guardedcron_devenv.pgbouncer), with the guard's own
+connection settings: consecutive statements of one contender land on whichever server
+session the pooler hands out, and the restarts and cuts of the injectors hit those
+sessions under the pooler. Its stalls are counted as `pooled_stall`, its rounds as
+`pooled`, with the quotas of one connection lane; its final clean run is a workload
+process whose `guardedcron acquire` and `release` go through the pooler too.
 """
 
 from __future__ import annotations
@@ -25,24 +33,38 @@ SEATS = 6
 
 
 class ConnectionLane:
-    def __init__(self, state: RunState, lane: int) -> None:
+    def __init__(self, state: RunState, lane: int, *, pooler_dsn: str | None = None) -> None:
+        """`pooler_dsn`: the run's database through the pooler, for a pooled lane."""
         self.state = state
         self.lane = lane
+        self.pooler_dsn = pooler_dsn
+        pooled = pooler_dsn is not None
+        self.kind = "pooled" if pooled else "connection"
+        self.lock = f"pool-{lane}" if pooled else f"conn-{lane}"
+        self.stall_kind = "pooled_stall" if pooled else "stall"
+        self.holder_prefix = f"q{lane}" if pooled else f"c{lane}"
+
+    def seat(self, number: int) -> Link:
+        if self.pooler_dsn is None:
+            return Link(self.state.dsn, f"seat-{self.lane}.{number}")
+        return Link(self.pooler_dsn, f"pool-seat-{self.lane}.{number}", pooled=True)
 
     def run(self) -> None:
-        state, plan, lane = self.state, self.state.plan, self.lane
-        rng = random.Random(f"{plan.seed}:connection:{lane}")
-        lock = f"conn-{lane}"
+        state, plan, lane, lock = self.state, self.state.plan, self.lane, self.lock
+        rng = random.Random(f"{plan.seed}:{self.kind}:{lane}")
         state.locks.add(lock)
+        if self.pooler_dsn is not None:
+            state.pooled_locks[lock] = self.pooler_dsn
         seats: queue.Queue[Link] = queue.Queue()
         for number in range(SEATS):
-            seats.put(Link(state.dsn, f"seat-{lane}.{number}"))
+            seats.put(self.seat(number))
+        # A pooled lane has the quotas of one connection lane.
         quota = plan.share(plan.faults_per_kind, plan.connection_lanes)
         rounds_quota = plan.share(plan.connection_rounds, plan.connection_lanes)
         stalls = 0
         round_no = 0
         next_round = 0.0
-        with ThreadPoolExecutor(SEATS, thread_name_prefix=f"conn{lane}") as pool:
+        with ThreadPoolExecutor(SEATS, thread_name_prefix=f"{self.kind}{lane}") as pool:
             while not state.abort.is_set():
                 if round_no >= rounds_quota and stalls >= quota:
                     if state.injectors_done.is_set():
@@ -64,7 +86,7 @@ class ConnectionLane:
                 out = [threading.Event() for _ in taken]
                 stalled = threading.Event()
                 for i, seat in enumerate(taken):
-                    attempt = Attempt(f"c{lane}.{round_no}.{i}", "connection", lock, round_no)
+                    attempt = Attempt(f"{self.holder_prefix}.{round_no}.{i}", "connection", lock, round_no)
                     pool.submit(
                         self.contender,
                         seat,
@@ -79,7 +101,7 @@ class ConnectionLane:
                 for event in out:
                     event.wait()
                 stalls += stalled.is_set()
-                state.count_round("connection")
+                state.count_round(self.kind)
         while not seats.empty():
             seats.get().close()
 
@@ -99,9 +121,9 @@ class ConnectionLane:
         rng = random.Random(seed)
 
         def stall(batch: int) -> None:
-            if batch == stall_at and "stall" not in attempt.faults:
-                attempt.faults.append("stall")
-                state.count("stall")
+            if batch == stall_at and self.stall_kind not in attempt.faults:
+                attempt.faults.append(self.stall_kind)
+                state.count(self.stall_kind)
                 stalled.set()
                 out.set()  # the round goes on without this holder
                 time.sleep(lease + rng.uniform(0.3, 1.0))
@@ -119,7 +141,7 @@ class ConnectionLane:
             if result is not None and result.acquired:
                 work_and_release(seat, attempt, result.fence, lease, rng, stall)
         except Exception as exc:
-            state.problem(f"connection contender {attempt.holder} failed: {exc!r}")
+            state.problem(f"{self.kind} contender {attempt.holder} failed: {exc!r}")
         finally:
             state.record(attempt)
             out.set()

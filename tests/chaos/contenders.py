@@ -114,14 +114,15 @@ class Contender:
 class Link:
     """One connection that is reopened when a restart or a cut has broken it, and calls retried."""
 
-    def __init__(self, dsn: str, name: str) -> None:
+    def __init__(self, dsn: str, name: str, *, pooled: bool = False) -> None:
         self.dsn = dsn
         self.name = name
+        self.pooled = pooled  # through a transaction pooler (tests/chaos/work.py `connect`)
         self.conn: Connection | None = None
 
     def get(self) -> Connection:
         if self.conn is None or self.conn.closed or self.conn.broken:
-            self.conn = connect(self.dsn, self.name)
+            self.conn = connect(self.dsn, self.name, pooled=self.pooled)
         return self.conn
 
     def probe(self) -> Connection:
@@ -198,7 +199,9 @@ def store_attempts(attempts: list[Attempt], conn: Connection) -> None:
         )
 
 
-def workload_command(lock: str, holder: str, slot: int | None, lease: float, run_dir: Path) -> list[str]:
+def workload_command(
+    lock: str, holder: str, slot: int | None, lease: float, run_dir: Path, *, pooled: bool = False
+) -> list[str]:
     command = [
         sys.executable,
         "-m",
@@ -213,6 +216,7 @@ def workload_command(lock: str, holder: str, slot: int | None, lease: float, run
         str(run_dir),
         "--seed",
         str(sum(holder.encode())),
+        *(["--pooled"] if pooled else []),
     ]
     return command if slot is None else [*command, "--slot", str(slot)]
 

@@ -10,7 +10,9 @@ its own, all at once:
   on connections of their own; holders stall past the lease in-process;
 - the burst lane (tests/chaos/burst_lane.py): many contenders for one slot at once;
 - network lanes (tests/chaos/network_lanes.py): connection contenders, each behind a
-  Toxiproxy of its own, cut off, slowed, reset or throttled for a window, then healed.
+  Toxiproxy of its own, cut off, slowed, reset or throttled for a window, then healed;
+- the pooled lane (tests/chaos/connection_lanes.py too): a connection lane whose every
+  connection goes through a real PgBouncer in transaction mode.
 
 The injectors (tests/chaos/injectors.py) strike across lanes: PostgreSQL restarts and
 cut connections. Afterwards every stopped process is resumed and reaped, and one
@@ -29,7 +31,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
+from psycopg.conninfo import conninfo_to_dict
+
+from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.chaos.burst_lane import BurstLane
@@ -40,6 +46,7 @@ from tests.chaos.network_lanes import NetworkLane
 from tests.chaos.plan import Plan
 from tests.chaos.process_lanes import ProcessLane
 from tests.chaos.run_state import RunState
+from tests.support.pgbouncer import session_state
 
 FINAL_RUN_TRIES = 60
 
@@ -52,11 +59,15 @@ class Chaos:
         plan: Plan,
         log: Callable[[str], None],
         toxiproxy: Toxiproxy,
+        pooler: PgBouncer,
     ) -> None:
         self.state = RunState(server, dsn, plan, log)
         self.toxiproxy = toxiproxy
+        self.pooler = pooler
+        self.pooled_dsn = pooler.dsn_for(dsn)
         self.seconds = 0.0
         self.cpu: dict[str, float] = {}
+        self.pooler_figures: dict[str, Any] = {}
 
     def workers(self) -> list[tuple[str, Callable[[], None]]]:
         """Every thread of the run, by name: the injectors, then the lanes."""
@@ -66,6 +77,10 @@ class Chaos:
             *((f"process-{n}", ProcessLane(state, n).run) for n in range(plan.process_lanes)),
             *((f"connection-{n}", ConnectionLane(state, n).run) for n in range(plan.connection_lanes)),
             *((f"network-{n}", NetworkLane(state, self.toxiproxy, n).run) for n in range(plan.network_lanes)),
+            *(
+                (f"pooled-{n}", ConnectionLane(state, n, pooler_dsn=self.pooled_dsn).run)
+                for n in range(plan.pooled_lanes)
+            ),
             ("bursts", BurstLane(state).run),
         ]
 
@@ -84,12 +99,26 @@ class Chaos:
         self.settle()
         self.remove_proxies()
         self.final_clean_runs()
+        self.pooler_figures = self.read_pooler()
         self.seconds = time.monotonic() - state.started
         me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         self.cpu = {
             "harness": round(me.ru_utime + me.ru_stime, 1),
             "contender_processes": round(children.ru_utime + children.ru_stime, 1),
             "postgres": round(state.server_cpu + server_cpu_seconds(state.server), 1),
+        }
+
+    def read_pooler(self) -> dict[str, Any]:
+        """What went through the pooler, and what its server sessions hold after the run:
+        a session left with a prepared statement, a setting, an advisory lock, ... is a leak."""
+        dbname = conninfo_to_dict(self.pooled_dsn)["dbname"]
+        stats = next((row for row in self.pooler.show("STATS") if row["database"] == dbname), {})
+        sessions = session_state(self.pooler, self.pooled_dsn)
+        return {
+            "transactions": int(stats.get("total_xact_count", 0)),
+            "statements": int(stats.get("total_query_count", 0)),
+            "server_sessions_checked": len(sessions),
+            "leaks": {pid: repr(state) for pid, state in sessions.items() if not state.clean},
         }
 
     def remove_proxies(self) -> None:

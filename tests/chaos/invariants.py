@@ -74,6 +74,18 @@ def check_duplicates(conn: Connection, found: Findings) -> None:
     found.check("items with a step committed more than once", doubled)
     found.check("effects absorbed by a dedupe key (a second owner got that far)", absorbed)
     found.figures["duplicates"] = len(doubled)  # an absorbed effect always has a first one: counted there
+    # The same, lane by lane (a lock's name starts with its lane's: proc, conn, net, pool, burst).
+    by_lane = conn.execute(
+        """
+        SELECT l.lane, count(DISTINCT l.item),
+               (SELECT count(*) FROM (SELECT 1 FROM chaos.effects e
+                                       WHERE split_part(e.lock_name, '-', 1) = l.lane
+                                       GROUP BY e.item, e.kind HAVING count(*) > 1) d)
+          FROM (SELECT split_part(lock_name, '-', 1) AS lane, item FROM chaos.ledger) l
+         GROUP BY l.lane ORDER BY l.lane
+        """
+    ).fetchall()
+    found.figures["items_and_duplicates_by_lane"] = {str(lane): [int(i), int(d)] for lane, i, d in by_lane}
 
 
 def check_fence_order(conn: Connection, found: Findings) -> None:

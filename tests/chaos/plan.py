@@ -40,6 +40,7 @@ class Plan:
     process_lanes: int = 3
     connection_lanes: int = 2
     network_lanes: int = 3  # connection contenders, each behind a Toxiproxy of its own
+    pooled_lanes: int = 1  # connection lanes through PgBouncer in transaction mode, same quotas
     process_lease_seconds: float = 2.0
     connection_lease_seconds: float = 1.0
     burst_processes: int = 3

@@ -28,6 +28,7 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
             "connection": state.rounds["connection"],
             "burst": state.rounds["burst"],
             "network": state.rounds["network"],
+            "pooled": state.rounds["pooled"],
             "total": sum(state.rounds.values()),
         },
         "attempts": {
@@ -37,7 +38,8 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
             "won": sum(a.acquired for a in attempts),
             "refused_and_stopped": sum(a.exit_code == 76 for a in attempts),
         },
-        "faults": {kind: state.faults[kind] for kind in (*FAULT_KINDS, "stall")},
+        "faults": {kind: state.faults[kind] for kind in (*FAULT_KINDS, "stall", "pooled_stall")},
+        "pooler": chaos.pooler_figures,
         "network_faults": network_figures(state.attempts),
         "network_lanes_done_after_seconds": state.lane_seconds,
         "duplicates": found.figures.get("duplicates"),
@@ -76,6 +78,18 @@ def run_problems(chaos: Chaos) -> list[str]:
     for kind in (*FAULT_KINDS, "stall"):
         if state.faults[kind] < plan.faults_per_kind:
             problems.append(f"only {state.faults[kind]} faults of kind {kind}, wanted {plan.faults_per_kind}")
+    pooled_rounds = plan.share(plan.connection_rounds, plan.connection_lanes) * plan.pooled_lanes
+    if state.rounds["pooled"] < pooled_rounds:
+        problems.append(
+            f"only {state.rounds['pooled']} rounds through the pooler of the {pooled_rounds} planned"
+        )
+    pooled_stalls = plan.share(plan.faults_per_kind, plan.connection_lanes) * plan.pooled_lanes
+    if state.faults["pooled_stall"] < pooled_stalls:
+        problems.append(
+            f"only {state.faults['pooled_stall']} stalls through the pooler, wanted {pooled_stalls}"
+        )
+    if chaos.pooler_figures.get("leaks"):
+        problems.append(f"server sessions behind the pooler hold state: {chaos.pooler_figures['leaks']}")
     limit = plan.loser_exit_limit_seconds
     for n, burst in enumerate(state.bursts, start=1):
         if burst.winners != 1:

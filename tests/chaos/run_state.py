@@ -63,6 +63,7 @@ class RunState:
         self.in_flight: dict[int, list[Contender]] = {}  # each process lane's current round
         self.stragglers: list[Contender] = []  # stopped or still-working processes, reaped at the end
         self.locks: set[str] = set()
+        self.pooled_locks: dict[str, str] = {}  # locks reached through the pooler: the DSN there
         self.proxies: list[Proxy] = []
         self.problems: list[str] = []  # harness-level failures (not invariants): reported, fail the run
         self.book = threading.Lock()
@@ -114,17 +115,18 @@ class RunState:
 
     # --- processes ------------------------------------------------------------------------
     def spawn(self, lock: str, holder: str, slot: int | None, lease: float, skew: str | None) -> Contender:
+        """A workload process for `lock`, reaching the database the way the lock's lane does."""
         run_dir = self.workdir / holder
         run_dir.mkdir(parents=True)
         faults = []
         if skew is not None:
             faults.append(f"clock_skew:{skew}")
             self.count("clock_skew")
-        command = workload_command(lock, holder, slot, lease, run_dir)
+        pooled_dsn = self.pooled_locks.get(lock)
+        command = workload_command(lock, holder, slot, lease, run_dir, pooled=pooled_dsn is not None)
+        env = workload_env(pooled_dsn or self.dsn, skew)
         with (run_dir / "stderr").open("wb") as stderr:
-            proc = subprocess.Popen(
-                command, cwd=REPO, env=workload_env(self.dsn, skew), stdout=subprocess.DEVNULL, stderr=stderr
-            )
+            proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         return Contender(
             Attempt(holder, "process", lock, slot, faults=faults), proc, run_dir, time.monotonic()
         )

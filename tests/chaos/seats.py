@@ -55,7 +55,15 @@ def work_and_release(
     Reconnections go the seat's way (through its proxy, for a network seat)."""
     holding = Holding(attempt.lock, attempt.holder, fence, lease)
     seat.run(partial(name_connection, f"chaos:{attempt.holder}"))
-    job = Job(seat.dsn, holding, rng=rng, before_batch=before_batch, after_read=after_read, conn=seat.get())
+    job = Job(
+        seat.dsn,
+        holding,
+        rng=rng,
+        before_batch=before_batch,
+        after_read=after_read,
+        conn=seat.get(),
+        pooled=seat.pooled,
+    )
     try:
         job.run()
         attempt.exit_code = 0

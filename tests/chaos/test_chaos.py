@@ -9,6 +9,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.chaos.harness import Chaos
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.chaos
 def test_no_double_work_under_faults(
     restartable_postgres: ThrowawayPostgres,
     toxiproxy: Toxiproxy,
+    chaos_pooler: PgBouncer,
     chaos_plan: Plan,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -32,7 +34,7 @@ def test_no_double_work_under_faults(
 
     say(f"\nchaos: seed {chaos_plan.seed} (replay with: pytest tests/chaos --chaos-seed {chaos_plan.seed})")
     dsn = create_database(restartable_postgres, "chaos")
-    chaos = Chaos(restartable_postgres, dsn, chaos_plan, say, toxiproxy)
+    chaos = Chaos(restartable_postgres, dsn, chaos_plan, say, toxiproxy, chaos_pooler)
     chaos.run()
     chaos.store_attempts()
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from guardedcron.guard import lease as lease_ops
+from guardedcron.guard.connection import connection_options
 from guardedcron.guard.errors import StaleFenceError
 from guardedcron.guard.fence import check_fence
 
@@ -35,6 +36,7 @@ T = TypeVar("T")
 # A holder stopped inside a fenced transaction would keep the lease row locked and so
 # block every takeover until it resumed; the server ends such a session instead.
 IDLE_IN_TRANSACTION_MS = 1000
+POOLED_CONNECT_TIMEOUT = 2
 # SQLSTATEs that mean "try again on a fresh connection" rather than "the job is wrong".
 RETRY_STATES = {"55P03", "40001", "40P01", "57P01", "57P02", "57P03", "25P03", "08000", "08003", "08006"}
 
@@ -63,12 +65,18 @@ class Refused(Exception):
     """A fenced write was refused: this run's lease was taken over. Stop."""
 
 
-def connect(dsn: str, holder: str) -> Connection:
+def connect(dsn: str, holder: str, *, pooled: bool = False) -> Connection:
+    """A job's connection. Through a transaction pooler (`pooled`) it takes the guard's own
+    settings (no `options` startup parameter, no server-side prepared statements) and the
+    idle-in-transaction limit comes with each transaction instead (`Job._batch`)."""
+    name = f"chaos:{holder}"[:63]
+    if pooled:
+        return psycopg.connect(dsn, application_name=name, **connection_options(POOLED_CONNECT_TIMEOUT))
     return psycopg.connect(
         dsn,
         autocommit=True,
         connect_timeout=2,
-        application_name=f"chaos:{holder}"[:63],
+        application_name=name,
         options=f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
     )
 
@@ -97,6 +105,7 @@ class Job:
         fenced: bool = True,
         give_up_after: float = 30.0,
         conn: Connection | None = None,
+        pooled: bool = False,
     ) -> None:
         self.dsn = dsn
         self.holding = holding
@@ -109,6 +118,7 @@ class Job:
         self.fenced = fenced
         self.give_up_after = give_up_after
         self._conn = conn  # an open connection to start on, if the caller has one
+        self.pooled = pooled  # behind a transaction pooler: no session state (see `connect`)
         self.batches = 0
         self.step = STEPS[0].kind
         self.reconnects = 0
@@ -116,7 +126,7 @@ class Job:
     # --- connection handling ------------------------------------------------------------
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = connect(self.dsn, self.holding.holder)
+            self._conn = connect(self.dsn, self.holding.holder, pooled=self.pooled)
         return self._conn
 
     def close(self) -> None:
@@ -172,6 +182,10 @@ class Job:
     def _batch(self, step: Step, conn: Connection) -> int:
         h = self.holding
         with conn.transaction():
+            # Behind a pooler a session-level SET would stay on the server session, for whoever
+            # gets it next; SET LOCAL ends with this transaction.
+            if self.pooled:
+                conn.execute(f"SET LOCAL idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
             if self.fenced:
                 check_fence(conn, h.lock, h.fence)
             items = [

@@ -1,7 +1,7 @@
 """A guarded job as a real process: `guardedcron acquire`, fenced work, `guardedcron release`.
 
     GUARDEDCRON_DSN=... python -m tests.chaos.workload --lock L --holder H --slot S \\
-        --lease-seconds 2 --run-dir DIR [--seed N]
+        --lease-seconds 2 --run-dir DIR [--seed N] [--pooled]
 
 It runs the real `guardedcron acquire` command (a separate process, as the injected init
 container does), and only when that wins does it import the database driver, read the
@@ -85,7 +85,11 @@ def work(args: argparse.Namespace) -> int:
         write_atomically(progress, f"{batches}\n")
 
     job = Job(
-        os.environ["GUARDEDCRON_DSN"], holding, rng=random.Random(args.seed), before_batch=report_progress
+        os.environ["GUARDEDCRON_DSN"],
+        holding,
+        rng=random.Random(args.seed),
+        before_batch=report_progress,
+        pooled=args.pooled,
     )
     try:
         job.run()
@@ -119,6 +123,9 @@ def main() -> int:
     parser.add_argument("--lease-seconds", type=float, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pooled", action="store_true", help="GUARDEDCRON_DSN goes through a transaction pooler"
+    )
     args = parser.parse_args()
     args.run_dir.mkdir(parents=True, exist_ok=True)
     code = acquire(args)
