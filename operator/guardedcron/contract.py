@@ -114,10 +114,6 @@ CRONJOB_NAME_MAX: Final = 52
 NAME_MAX: Final = 253
 # C0 controls and DEL: refused in names, replaced in text the status shows.
 CONTROL_CHARACTERS: Final = re.compile(r"[\x00-\x1f\x7f]")
-
-
-# --- what the guard and the keeper write and the operator reads ---------------------------
-# Keys of their JSON: the stdout line, <out>/lease.json and the termination message, which
 # Lock names the operator gives (docs/design.md, "Multi-tenant clusters"): a namespace's
 # own locks are "<namespace>/<lease.name>", a shared lock from the cluster admin's
 # allow-list is "shared:<name>". A namespace is a DNS label (no ':'), so the two never
@@ -126,6 +122,10 @@ NAMESPACE_LOCK_SEPARATOR: Final = "/"
 SHARED_LOCK_PREFIX: Final = "shared:"
 # Namespaces are DNS labels: at most 63 characters.
 NAMESPACE_MAX: Final = 63
+
+
+# --- what the guard and the keeper write and the operator reads ---------------------------
+# Keys of their JSON: the stdout line, <out>/lease.json and the termination message, which
 # the operator reads from the pod's status (guardedcron.status.reports).
 KEY_OUTCOME: Final = "outcome"
 KEY_REASON: Final = "reason"
