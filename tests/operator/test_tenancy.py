@@ -181,3 +181,22 @@ async def test_a_cronjob_from_before_the_upgrade_taking_its_own_namespaces_lock_
     await one_pass(client, NS, NAME, now=T0)
     assert condition(api, "Ready")["status"] == "True"
     assert locks_in_cronjob(cronjob(api) or {}) == {"billing/nightly-invoices"}
+
+
+async def test_a_lease_name_from_before_the_upgrade_without_a_slash_moves_into_the_namespace_with_an_event(
+        api: GuardedEmulator, client: KubeClient) -> None:
+    # Before issue 11, lease.name "nightly" was the lock "nightly" itself; now it is
+    # "billing/nightly". The operator re-applies the CronJob with the new lock and says so.
+    await _cronjob_from_before_the_upgrade(client, "nightly")
+    await client.merge_patch(GUARDED_CRONJOBS, NS, NAME, {"spec": {"lease": {"name": "nightly"}}})
+
+    result = await one_pass(client, NS, NAME, now=T0)
+
+    assert result.applied
+    assert locks_in_cronjob(cronjob(api) or {}) == {"billing/nightly"}
+    [event] = events(api)
+    assert (event["reason"], event["type"]) == ("LockChanged", "Warning")
+    assert event["message"] == (f"CronJob {NAME}: runs took lock 'nightly' and now take "
+                                "'billing/nightly'; a run still holding the old lock does not "
+                                "keep a new run out")
+    assert condition(api, "Ready")["status"] == "True"

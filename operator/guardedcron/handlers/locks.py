@@ -5,7 +5,9 @@ CronJob of its own whose runs would take a lock the namespace may not use.
 The second case is the security boundary outliving a change: a namespace taken off the
 allow-list, or an object admitted before lease.name was confined to its namespace
 (issue 11), must not keep running with that lock because its CronJob already exists.
-An invalid spec otherwise leaves the CronJob as it was (still guarded); not here.
+An invalid spec otherwise leaves the CronJob as it was (still guarded); not here. (A
+valid spec's lock is always allowed, and applying it replaces the CronJob's lock, with a
+LockChanged Event when that differs.)
 Deleting the CronJob deletes its Jobs too (background propagation), so a run already
 holding the lock is stopped as well (its pod gets the usual graceful termination).
 """
@@ -46,6 +48,21 @@ def refusal_event(problem: Problem, *, uid: str, memory: PassMemory) -> list[Run
         return []
     return [RunEvent(EventReason.LOCK_NOT_ALLOWED, f"{problem.field_path}: {problem.message}",
                      subject=problem.message)]
+
+
+def lock_change_event(cronjob: Mapping[str, Any], parsed: ParsedSpec) -> list[RunEvent]:
+    """An Event when the live CronJob's runs take another lock than the spec's now, before
+    the apply that changes it: a run under the old name and one under the new do not
+    exclude each other, so the change must not pass unseen (docs/design.md, "Upgrading")."""
+    old = sorted(locks_in_cronjob(cronjob))
+    new = parsed.spec.lease.name
+    if not old or old == [new]:
+        return []
+    name = str(get_path(cronjob, "metadata", "name") or "")
+    return [RunEvent(EventReason.LOCK_CHANGED,
+                     f"CronJob {name}: runs took lock {', '.join(map(repr, old))} and now take "
+                     f"{new!r}; a run still holding the old lock does not keep a new run out",
+                     subject=f"{old}\n{new}")]
 
 
 async def delete_if_lock_forbidden(cronjob: Mapping[str, Any], *, namespace: str,

@@ -23,7 +23,12 @@ from guardedcron import contract
 from guardedcron.builders import build_cronjob
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.lease_loss import stop_lost_workloads
-from guardedcron.handlers.locks import delete_if_lock_forbidden, lock_refusal, refusal_event
+from guardedcron.handlers.locks import (
+    delete_if_lock_forbidden,
+    lock_change_event,
+    lock_refusal,
+    refusal_event,
+)
 from guardedcron.handlers.observe import (
     Body,
     Index,
@@ -102,7 +107,8 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
             lock_events += refusal_event(refused, uid=uid, memory=memory)
 
     cronjob = observed.cronjob
-    if cronjob is not None and controlled_by(cronjob, uid):
+    # A valid spec's lock is always the namespace's to use, and the apply below puts it in.
+    if parsed is None and cronjob is not None and controlled_by(cronjob, uid):
         deleted, events = await delete_if_lock_forbidden(
             cronjob, namespace=namespace, settings=settings, client=client, logger=logger)
         lock_events += events
@@ -118,6 +124,8 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
                            "GuardedCronJob; delete or rename it (guardedcron never takes over "
                            "an object it did not create)")
         elif (reason := apply_needed(desired, cronjob, contract.FIELD_MANAGER)) is not None:
+            if cronjob is not None:
+                lock_events += lock_change_event(cronjob, parsed)
             try:
                 cronjob = await client.apply(CRONJOBS, desired)
             except ApiError as error:

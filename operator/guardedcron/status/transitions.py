@@ -46,6 +46,9 @@ class EventReason(StrEnum):
     # The spec asks for a lock its namespace may not use (spec.locks), or the CronJob
     # was deleted because its runs would take one.
     LOCK_NOT_ALLOWED = "LockNotAllowed"
+    # The CronJob's runs took another lock until this pass (e.g. a lease.name of before
+    # issue 11, now inside the namespace): runs under the two names do not exclude each other.
+    LOCK_CHANGED = "LockChanged"
 
 
 _BY_OUTCOME: dict[Outcome, EventReason] = {
@@ -63,7 +66,7 @@ WARNINGS = frozenset({
     EventReason.RUN_FAILED, EventReason.RUN_TIMED_OUT, EventReason.LEASE_LOST,
     EventReason.GUARD_ERROR, EventReason.MISSED_RUN, EventReason.OVERLAP,
     EventReason.TRIGGER_FAILED, EventReason.WORKLOAD_STOPPED, EventReason.STOP_WORKLOAD_FAILED,
-    EventReason.OUTCOME_NOT_RECORDED, EventReason.LOCK_NOT_ALLOWED,
+    EventReason.OUTCOME_NOT_RECORDED, EventReason.LOCK_NOT_ALLOWED, EventReason.LOCK_CHANGED,
 })
 
 
