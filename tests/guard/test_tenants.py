@@ -23,9 +23,11 @@ import pytest
 
 from guardedcron.contract import EXIT_NOT_ACQUIRED, EXIT_NOT_GRANTED, EXIT_OK, SQLSTATE_NOT_GRANTED
 from guardedcron.guard import lease as lease_ops
+from guardedcron.guard.connection import connect
 from guardedcron.guard.errors import LockNotGranted
 from guardedcron.guard.fence import check_fence
 from guardedcron.guard.migrations import load_migrations
+from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.support import GUARDEDCRON, CliResult, run_cli
 
@@ -362,3 +364,27 @@ def test_migrating_from_schema_3_keeps_deployed_guards_working_and_says_so(
     assert [(g["role"], g["lock_prefix"]) for g in listed.json["grants"]] == [(runtime.role, "")]  # type: ignore[index, union-attr]
     assert "migration 4" in listed.json["grants"][0]["note"]  # type: ignore[index]
     assert_refused(acquire(reader.dsn, "other/lock", "r"), "other/lock", reader)
+
+
+# --- through a pooler ---------------------------------------------------------------------
+def test_a_tenant_through_pgbouncer_in_transaction_mode(tenants: tuple[Cluster, Login, Login]) -> None:
+    """The grant check keeps no session state: a tenant's own PgBouncer pool (transaction
+    mode, as `pgbouncer.py` sets it up) serves its guard, keeper calls and refusals alike."""
+    _, a, _ = tenants
+    with PgBouncer(a.dsn) as pooler:
+        pooled = pooler.dsn_for(a.dsn)
+        won = acquire(pooled, "team-a/pooled", "p1")
+        assert_ok(won, a)
+        fence = int(str(won.json["fence"]))
+        with connect(pooled, 5) as conn:  # the guard's own settings: no prepared statements
+            for _ in range(8):  # past psycopg's default prepare threshold
+                assert lease_ops.renew(conn, "team-a/pooled", "p1", fence, 30).ok
+            with conn.transaction():
+                check_fence(conn, "team-a/pooled", fence)
+            with pytest.raises(LockNotGranted):
+                lease_ops.renew(conn, "team-b/job", "p1", fence, 30)
+            assert lease_ops.renew(conn, "team-a/pooled", "p1", fence, 30).ok  # the pool still serves
+        assert_refused(acquire(pooled, "team-b/job", "p1"), "team-b/job", a)
+        assert_ok(run_cli(["runs", "--lock", "team-a/pooled"], dsn=pooled), a)
+        holder = ["--lock", "team-a/pooled", "--holder", "p1", "--fence", str(fence)]
+        assert_ok(run_cli(["release", *holder], dsn=pooled), a)
