@@ -8,8 +8,9 @@
 #
 # It runs as the numeric user 65532 with a read-only root filesystem: bytecode is
 # compiled at build time and never written at run time, and nothing writes outside
-# mounted volumes. tests/packaging/test_dockerfile.py runs these RUN steps in a
-# clean virtual environment and lints this file with hadolint.
+# mounted volumes. `make image` builds it with a local engine (no registry needed:
+# PYTHON_IMAGE names a stand-in base); tests/image run the result as pods do, and
+# tests/packaging/test_dockerfile.py lints this file with hadolint.
 
 # Pin a digest for reproducible builds: --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

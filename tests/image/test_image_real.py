@@ -20,8 +20,8 @@ import yaml
 
 from guardedcron import contract
 from guardedcron.cli.main import COMMANDS
-from guardedcron_devenv.docker_engine import DockerEngine
-from guardedcron_devenv.image import BuiltImage
+from guardedcron_devenv.docker_engine import COMMAND_TIMEOUT_S, DockerEngine
+from guardedcron_devenv.image import VENV_COPY, BuiltImage
 from guardedcron_devenv.postgres import free_port
 from tests.support.image import IMAGE_TEST_TIMEOUT_S, REPO, run_in_image
 
@@ -49,6 +49,60 @@ def test_the_image_runs_as_65532_and_its_root_filesystem_is_read_only(
     assert result.stdout.split("\n", 2)[:2] == ["65532", "65532"], result.stderr
     assert result.stdout.count("refused") == 3, result.stdout
     assert result.stderr.count("Read-only file system") == 3, result.stderr
+
+
+def test_the_image_starts_guardedcron_and_never_writes_bytecode(
+    docker_engine: DockerEngine, built_image: BuiltImage
+) -> None:
+    config = json.loads(docker_engine.check("image", "inspect", "--format", "{{json .Config}}",
+                                            built_image.tag))
+    assert config["Entrypoint"] == ["guardedcron"] and config["Cmd"] == ["--help"]
+    env = dict(item.split("=", 1) for item in config["Env"])
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert env["PATH"].startswith("/opt/guardedcron/bin:")
+
+
+def test_the_final_image_only_copies_the_finished_venv_onto_the_base(
+    docker_engine: DockerEngine, built_image: BuiltImage
+) -> None:
+    """Nothing runs in the final stage: no build tool or installer touches the image."""
+    def history(image: str) -> list[str]:
+        return docker_engine.check("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).splitlines()
+
+    base = history(built_image.base)
+    own = history(built_image.tag)[: -len(base)]
+    assert own, "the image adds nothing to its base"
+    ran = [step for step in own
+           if (step.startswith("/bin/sh -c ") and "#(nop)" not in step) or step.startswith("RUN ")]
+    assert not ran, ran
+    assert any(VENV_COPY.search(step) for step in own)
+
+
+PROBE_DOCKERFILE = "ARG BASE\nFROM ${BASE}\nCOPY . /context\n"
+
+
+def test_the_build_context_is_only_what_the_build_reads(
+    docker_engine: DockerEngine, built_image: BuiltImage
+) -> None:
+    """The engine applies .dockerignore; a probe build copies whatever it was sent."""
+    probe = "guardedcron-context-probe:latest"
+    built = subprocess.run(
+        docker_engine.command("build", "--force-rm", "--network", "none", "--build-arg",
+                              f"BASE={built_image.base}", "--tag", probe, "--file", "-", str(REPO)),
+        input=PROBE_DOCKERFILE, env=docker_engine.env({"DOCKER_BUILDKIT": "0"}),
+        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    try:
+        assert built.returncode == 0, built.stdout + built.stderr
+        listed = run_in_image(docker_engine, probe, ["/context", "-type", "f"], entrypoint="find")
+    finally:
+        docker_engine.run("image", "rm", "--force", probe)
+    assert listed.returncode == 0, listed.stderr
+    files = [Path(line).relative_to("/context") for line in listed.stdout.splitlines()]
+    assert {path.parts[0] for path in files} == {"pyproject.toml", "README.md", "operator", "crds"}
+    assert not [p for p in files if p.parts[:2] == ("operator", "devenv")], "the devenv is sent"
+    assert not [p for p in files if "__pycache__" in p.parts or p.suffix == ".pyc"]
+    assert Path("operator/guardedcron/cli/main.py") in files
 
 
 def test_default_command_prints_the_help_naming_every_command(

@@ -71,7 +71,7 @@ def ensure_image(
     log_path.write_text("")
     progress(f"guardedcron: docker build of {tag} (log: {log_path})")
     run_long_step(
-        engine.command("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}",
+        engine.command("build", "--force-rm", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}",
                        "--tag", tag, "--file", str(dockerfile), str(context)),
         what=f"docker build of {tag}",
         log_path=log_path,
