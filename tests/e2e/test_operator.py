@@ -178,7 +178,7 @@ def test_guarded_cronjob_becomes_its_cronjob_and_runs_report_status(
     namespace = operator_scenario.namespace("flow", [east])
     # A lease name that looks like a variable reference reaches the guard as written.
     manifest = guarded_cronjob(NAME, namespace, spec={"suspend": True}, lease={
-        "heartbeat": True, "name": f"{namespace}/$(HOSTNAME)-lock"})
+        "heartbeat": True, "name": "$(HOSTNAME)-lock"})  # the lock: <namespace>/$(HOSTNAME)-lock
     gcj = create_gcj(east, manifest)
 
     cronjob = wait_cronjob(east, namespace)
