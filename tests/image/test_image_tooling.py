@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from guardedcron_devenv.binaries import BuildError
-from guardedcron_devenv.docker_engine import DockerEngine, EngineError, dockerd_command, start_engine
+from guardedcron_devenv.docker_engine import (
+    DockerEngine,
+    EngineError,
+    dockerd_command,
+    ensure_engine,
+    start_engine,
+)
 from guardedcron_devenv.image import ensure_image
 from guardedcron_devenv.long_step import run_long_step
 from guardedcron_devenv.python_base import (
@@ -143,3 +149,13 @@ def test_removing_a_bootstrap_folder_unmounts_before_deleting(tmp_path: Path) ->
         subprocess.run(["umount", str(target / "dev")], capture_output=True, timeout=30, check=False)
     assert not target.exists()
     assert (host_dev / "null").read_text() == "the host's"
+
+
+def test_a_docker_host_where_nothing_answers_is_named_and_never_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    socket = tmp_path / "docker.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{socket}")
+    with pytest.raises(EngineError, match=rf"no Docker engine answers at DOCKER_HOST=unix://{socket}; unset"):
+        ensure_engine(progress=quiet)
+    assert not socket.exists()

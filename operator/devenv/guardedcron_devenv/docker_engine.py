@@ -1,8 +1,9 @@
 """A Docker engine on this machine, for building and running the guardedcron image.
 
-A running engine on the default socket is used as it is. Otherwise Debian's `dockerd`
-(package docker.io, installed by .ci/bootstrap) is started in the background, as root,
-and left running like a system service (stop it with `kill $(cat /var/run/docker.pid)`).
+A running engine at $DOCKER_HOST, or on the default socket, is used as it is. Otherwise
+Debian's `dockerd` (package docker.io, installed by .ci/bootstrap) is started on the
+default socket in the background, as root, and left running like a system service (stop
+it with `kill $(cat /var/run/docker.pid)`).
 It is started without a bridge and without iptables rules: every build and test
 container here uses the host's network (`--network host`), so the engine changes
 nothing in the machine's network set-up, and the node tests' own bridge and rules meet
@@ -102,12 +103,16 @@ def dockerd_command(host: str = DEFAULT_HOST) -> list[str]:
 
 
 def ensure_engine(progress: Progress = print) -> DockerEngine:
-    """The engine on the default socket, started first if nothing answers there."""
-    engine = DockerEngine()
+    """The engine at $DOCKER_HOST if set, else on the default socket, started first if
+    nothing answers there (an engine elsewhere is never started by us)."""
+    engine = DockerEngine(host=os.environ.get("DOCKER_HOST") or DEFAULT_HOST)
     if not os.access(engine.cli, os.X_OK):
         raise EngineError(f"Debian's docker client {engine.cli} is missing: {BOOTSTRAP_HINT}")
     if engine.server_version() is not None:
         return engine
+    if engine.host != DEFAULT_HOST:
+        raise EngineError(f"no Docker engine answers at DOCKER_HOST={engine.host}; unset "
+                          "DOCKER_HOST to use (or start) this machine's engine")
     if not os.access(DOCKERD, os.X_OK):
         raise EngineError(f"no Docker engine answers on {engine.host} and {DOCKERD} is missing: "
                           f"{BOOTSTRAP_HINT}")

@@ -66,6 +66,7 @@ def ensure_image(
         raise BuildError(f"no Dockerfile in {context}: give the repository's folder as the context")
     engine = engine or ensure_engine(progress)
     base = ensure_python_base(engine, progress)
+    replaced = engine.run("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
     log_path = build_cache_root(os.environ) / "image" / f"build-{FILE_UNSAFE.sub('_', tag)}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
@@ -80,7 +81,12 @@ def ensure_image(
         # The classic builder: Debian's engine 20.10 has no buildx plugin beside it.
         env=engine.env({"DOCKER_BUILDKIT": "0"}),
     )
-    return inspect_image(engine, tag, base)
+    built = inspect_image(engine, tag, base)
+    if replaced and replaced != built.image_id:
+        # The image this tag named before: untagged now, only disk. Kept if a container
+        # or another tag still uses it (rmi refuses; that refusal is fine).
+        engine.run("image", "rm", replaced)
+    return built
 
 
 def inspect_image(engine: DockerEngine, tag: str, base: str) -> BuiltImage:
