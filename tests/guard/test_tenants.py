@@ -224,8 +224,12 @@ def test_a_tenant_can_write_no_table_and_cannot_forge_a_fence(tenants: tuple[Clu
     ]
     refused = {statement: sqlstate_of(a.dsn, statement) for statement in writes}
     assert refused == dict.fromkeys(writes, INSUFFICIENT_PRIVILEGE)
-    # The tenant cannot grant itself more either.
+    # The tenant cannot grant itself more, nor migrate the schema.
     assert run_cli(["db", "grant", "--role", a.role, "--all-locks"], dsn=a.dsn).code == EXIT_NOT_GRANTED
+    migrate = run_cli(["db", "migrate"], dsn=a.dsn)
+    assert migrate.code == EXIT_NOT_GRANTED, migrate
+    assert f'role "{a.role}" may not change the guardedcron schema' in migrate.stderr
+    assert f'its owner "{cluster.owner.role}"' in migrate.stderr
     with psycopg.connect(cluster.admin_dsn) as conn:
         rows = conn.execute("SELECT lock_name, holder FROM guardedcron.leases ORDER BY 1").fetchall()
         fences = conn.execute("SELECT fence FROM guardedcron.leases ORDER BY fence").fetchall()

@@ -67,6 +67,24 @@ def migrate(
 
 
 def _migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Migration]:
+    import psycopg
+
+    try:
+        return _apply(conn)
+    except psycopg.errors.InsufficientPrivilege:
+        from guardedcron.guard.errors import NotPermitted
+
+        row = conn.execute(
+            "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = %s", (SCHEMA,)
+        ).fetchone()
+        who = f'its owner "{row[0]}"' if row else "a role with CREATE on the database"
+        raise NotPermitted(
+            f'role "{conn.info.user}" may not change the guardedcron schema: run `guardedcron db migrate` '
+            f"as {who} or a superuser"
+        ) from None
+
+
+def _apply(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Migration]:
     applied_now: list[Migration] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
