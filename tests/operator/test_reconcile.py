@@ -75,7 +75,8 @@ async def test_create_applies_the_guarded_cronjob_with_owner_reference_and_write
     job = spec["jobTemplate"]["spec"]
     assert (job["backoffLimit"], job["activeDeadlineSeconds"], job["podReplacementPolicy"]) == \
         (0, 3600, "Failed")
-    assert [r["onExitCodes"]["values"] for r in job["podFailurePolicy"]["rules"]] == [[75], [64, 69, 70, 77, 78]]
+    assert [r["onExitCodes"]["values"] for r in job["podFailurePolicy"]["rules"]] == [
+        [75], [64, 69, 70, 77, 78]]
     pod = job["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert [c["name"] for c in pod["initContainers"]] == [contract.GUARD_CONTAINER]
