@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from guardedcron_devenv.pgbouncer import PgBouncer
@@ -113,7 +114,11 @@ class Chaos:
         a session left with a prepared statement, a setting, an advisory lock, ... is a leak."""
         dbname = conninfo_to_dict(self.pooled_dsn)["dbname"]
         stats = next((row for row in self.pooler.show("STATS") if row["database"] == dbname), {})
-        sessions = session_state(self.pooler, self.pooled_dsn)
+        try:
+            sessions = session_state(self.pooler, self.pooled_dsn)
+        except (AssertionError, psycopg.Error) as error:
+            self.state.problem(f"could not read the server sessions behind the pooler: {error!r}")
+            sessions = {}
         return {
             "transactions": int(stats.get("total_xact_count", 0)),
             "statements": int(stats.get("total_query_count", 0)),

@@ -3,8 +3,7 @@
 A transaction pooler hides the server sessions behind it, and PostgreSQL shows a
 session's prepared statements, `SET`s, advisory locks, `LISTEN`s, temporary tables
 and open cursors only to that session itself. So `session_state` asks each server
-connection of a pool in turn, through the pooler: with `server_round_robin`, one
-client's consecutive transactions visit the idle server connections one after another.
+connection of a pool through the pooler, from as many clients in a transaction at once.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from guardedcron_devenv.pgbouncer import PgBouncer
 # gets (it re-sends them with SET on every switch): session settings, but the pooler's.
 POOLER_TRACKED_SETTINGS = ["application_name", "client_encoding", "DateStyle", "TimeZone",
                            "standard_conforming_strings"]  # fmt: skip
-VISIT_TRIES_PER_SERVER = 10
+VISIT_ROUNDS = 5
 
 STATE_SQL = """
 SELECT pg_backend_pid(),
@@ -83,15 +82,27 @@ def server_pids(pooler: PgBouncer, pooled_dsn: str) -> set[int]:
 
 
 def session_state(pooler: PgBouncer, pooled_dsn: str) -> dict[int, SessionState]:
-    """The state of every server session in `pooled_dsn`'s pool, by backend pid."""
-    wanted = server_pids(pooler, pooled_dsn)
+    """The state of every server session in `pooled_dsn`'s pool, by backend pid.
+
+    As many clients as the pool has server sessions each open a transaction at once, so
+    each is on a session of its own, and ask it; again, up to a few times, while the
+    pool's list of sessions changes (a session the server ended is replaced)."""
     seen: dict[int, SessionState] = {}
-    with connect_plain(pooled_dsn) as conn:
-        for _ in range(VISIT_TRIES_PER_SERVER * max(1, len(wanted))):
-            row = conn.execute(STATE_SQL, (POOLER_TRACKED_SETTINGS,)).fetchone()
-            assert row is not None
-            pid, *state = row
-            seen[int(pid)] = SessionState(list(state[0]), list(state[1]), *(int(n) for n in state[2:]))
-            if wanted <= set(seen):
-                return seen
+    for _ in range(VISIT_ROUNDS):
+        wanted = server_pids(pooler, pooled_dsn)
+        if wanted and wanted <= set(seen):
+            return {pid: seen[pid] for pid in wanted}
+        clients = [connect_plain(pooled_dsn) for _ in range(max(1, len(wanted)))]
+        try:
+            for conn in clients:
+                conn.execute("BEGIN")
+                row = conn.execute(STATE_SQL, (POOLER_TRACKED_SETTINGS,)).fetchone()
+                assert row is not None
+                pid, *state = row
+                seen[int(pid)] = SessionState(list(state[0]), list(state[1]), *(int(n) for n in state[2:]))
+            for conn in clients:
+                conn.execute("COMMIT")
+        finally:
+            for conn in clients:
+                conn.close()
     raise AssertionError(f"visited server sessions {sorted(seen)}, not all of {sorted(wanted)}")
