@@ -22,7 +22,7 @@ from tests.support import GUARDEDCRON, run_cli
 Connection = psycopg.Connection[tuple[Any, ...]]
 LATEST = datetime.max.replace(tzinfo=UTC).isoformat()
 EARLIEST = datetime.min.replace(tzinfo=UTC).isoformat()
-KEEP_3_S = ("--lease-seconds", "3", "--dsn")
+KEEP_6_S = ("--lease-seconds", "6", "--dsn")
 
 
 def acquire(dsn: str, holder: str, lease_seconds: str = "30") -> dict[str, Any]:
@@ -90,15 +90,15 @@ def test_the_keeper_keeps_a_lease_edited_to_last_forever(dsn: str) -> None:
     """Its renewals answer 'infinity': believed for 7 days at most (every wait stays bounded),
     and the keeper renews and releases as usual. Schema-3 code: each renewal fails to read
     its answer, and the lease is reported lost at its first deadline (exit 76)."""
-    fence = acquire(dsn, "h1", "3")["fence"]
+    fence = acquire(dsn, "h1", "6")["fence"]
     edit(dsn, "UPDATE guardedcron.leases SET locked_until = 'infinity'")
     keeper = subprocess.Popen(
-        [GUARDEDCRON, "keep", "--lock", "job", "--holder", "h1", "--fence", str(fence), *KEEP_3_S, dsn],
+        [GUARDEDCRON, "keep", "--lock", "job", "--holder", "h1", "--fence", str(fence), *KEEP_6_S, dsn],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4.0)  # past the lease's first deadline (3 s less the margin)
+    time.sleep(6.0)  # past the lease's first deadline (6 s less the 1 s margin)
     assert keeper.poll() is None, keeper.communicate()
     keeper.send_signal(signal.SIGTERM)
     _, errors = keeper.communicate(timeout=10)

@@ -231,6 +231,12 @@ def test_a_tenant_can_write_no_table_and_cannot_forge_a_fence(tenants: tuple[Clu
     assert f'role "{a.role}" may not change the guardedcron schema' in migrate.stderr
     assert f'its owner "{cluster.owner.role}"' in migrate.stderr
     with psycopg.connect(cluster.admin_dsn) as conn:
+        public = conn.execute(
+            "SELECT p.oid::regprocedure::text"
+            "  FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a"
+            " WHERE p.pronamespace = 'guardedcron'::regnamespace AND a.grantee = 0"
+        ).fetchall()
+        assert public == []  # no function is PUBLIC's
         rows = conn.execute("SELECT lock_name, holder FROM guardedcron.leases ORDER BY 1").fetchall()
         fences = conn.execute("SELECT fence FROM guardedcron.leases ORDER BY fence").fetchall()
     assert rows == [("team-a/job", "a-pod"), ("team-b/job", "b-pod")]
@@ -240,7 +246,8 @@ def test_a_tenant_can_write_no_table_and_cannot_forge_a_fence(tenants: tuple[Clu
 # --- outside its prefixes, every function refuses ------------------------------------------
 def test_a_lock_outside_the_prefix_is_refused_by_every_command(tenants: tuple[Cluster, Login, Login]) -> None:
     cluster, a, b = tenants
-    taken = acquire(b.dsn, "team-b/job", "b-pod", "--slot", "7")
+    # A lease that outlives the test, however loaded the machine.
+    taken = acquire(b.dsn, "team-b/job", "b-pod", "--slot", "7", "--lease-seconds", "3600")
     assert_ok(taken, b)
     fence = str(taken.json["fence"])
     lock = "team-b/job"

@@ -41,6 +41,7 @@ def load_migrations() -> list[Migration]:
 # The schema this tool needs: version 4's grant-checked functions (record_skip_v1,
 # check_grant_v1) and the runs policy.
 LATEST_VERSION = 4
+LEAST_PRIVILEGE_VERSION = 4  # from here on, no function is PUBLIC's
 
 
 def migrate(
@@ -105,6 +106,11 @@ def _apply(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Migration]:
                 (migration.version, migration.name),
             )
             applied_now.append(migration)
+        if applied_now and max(m.version for m in applied_now) >= LEAST_PRIVILEGE_VERSION:
+            # PostgreSQL gives PUBLIC EXECUTE on every new function (and per-schema default
+            # privileges cannot take that back): a migration's new functions are nobody's
+            # but the owner's until the grants name them (_grant_runtime_privileges).
+            conn.execute(f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC")
     return applied_now
 
 

@@ -346,9 +346,7 @@ BEGIN
     LOOP
         EXECUTE obj.what;
     END LOOP;
-    -- Functions a later migration creates are not PUBLIC either.
-    EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE %s IN SCHEMA guardedcron REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC',
-                   owner_name);
+    -- (Functions a later migration creates lose PUBLIC's EXECUTE in migrations.py, after it.)
     -- Re-grant the entry points to the roles that hold grants (the REVOKE above took
     -- EXECUTE from PUBLIC only, but a role may have relied on it).
     FOR grantee IN SELECT DISTINCT g.role FROM guardedcron.lock_grants g LOOP
