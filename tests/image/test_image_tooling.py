@@ -11,11 +11,13 @@ import pytest
 
 from guardedcron_devenv.binaries import BuildError
 from guardedcron_devenv.docker_engine import (
+    START_TIMEOUT_S,
     DockerEngine,
     EngineError,
     dockerd_command,
     ensure_engine,
     start_engine,
+    stop_engine,
 )
 from guardedcron_devenv.image import ensure_image
 from guardedcron_devenv.long_step import run_long_step
@@ -159,3 +161,24 @@ def test_a_docker_host_where_nothing_answers_is_named_and_never_started(
     with pytest.raises(EngineError, match=rf"no Docker engine answers at DOCKER_HOST=unix://{socket}; unset"):
         ensure_engine(progress=quiet)
     assert not socket.exists()
+
+
+def test_a_started_engine_answers_within_the_bound_without_a_bridge(
+    docker_engine: DockerEngine, tmp_path: Path
+) -> None:
+    """The start path a fresh machine takes, on a second engine with its own socket and
+    folders so the machine's engine is untouched."""
+    engine = DockerEngine(host=f"unix://{tmp_path}/docker.sock")
+    own = (f"--data-root={tmp_path}/data", f"--exec-root={tmp_path}/exec",
+           f"--pidfile={tmp_path}/docker.pid")
+    process = start_engine(engine, [*dockerd_command(engine.host), *own], tmp_path / "dockerd.log",
+                           START_TIMEOUT_S)
+    try:
+        assert engine.server_version() == docker_engine.server_version()
+        networks = engine.check("network", "ls", "--format", "{{.Name}}").split()
+        assert "bridge" not in networks, "the engine made a bridge of its own"
+    finally:
+        stop_engine(process)
+        for point in sorted(mounts_under(tmp_path), key=len, reverse=True):
+            subprocess.run(["umount", "--lazy", point], check=False, timeout=30)
+    assert process.returncode == 0, "dockerd did not stop cleanly on SIGTERM"

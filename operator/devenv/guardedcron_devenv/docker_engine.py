@@ -131,7 +131,7 @@ _STARTED: list[subprocess.Popen[bytes]] = []
 
 def start_engine(
     engine: DockerEngine, command: Sequence[str], log_path: Path, timeout_s: float
-) -> None:
+) -> subprocess.Popen[bytes]:
     """Start `command` detached, logging to `log_path`, and wait up to timeout_s for the
     engine to answer; EngineError (naming the log) if it exits first or never answers."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,7 @@ def start_engine(
     while True:
         if engine.server_version() is not None:
             _STARTED.append(process)
-            return
+            return process
         returncode = process.poll()
         if returncode is not None:
             raise EngineError(
@@ -152,7 +152,7 @@ def start_engine(
                 f"its log: {log_path}\n{log_tail(log_path)}"
             )
         if time.monotonic() >= deadline:
-            _stop(process)
+            stop_engine(process)
             raise EngineError(
                 f"dockerd did not answer on {engine.host} within {timeout_s:.0f} s and was "
                 f"stopped; its log: {log_path}\n{log_tail(log_path)}"
@@ -160,7 +160,7 @@ def start_engine(
         time.sleep(PROBE_INTERVAL_S)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_engine(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM first (dockerd then stops the containerd it started), SIGKILL to the group."""
     process.terminate()
     with contextlib.suppress(subprocess.TimeoutExpired):
