@@ -37,6 +37,7 @@ from bench.common import (
     Table,
     Tree,
     connect,
+    median,
     migrated_database,
     ms,
     percentile,
@@ -146,9 +147,12 @@ class Approach:
 
 APPROACHES = (
     Approach("guardedcron before: acquire_v1, schema 2", v1_acquire, v1_release, "release_v1", "before"),
-    Approach("guardedcron after: acquire_v2, schema 3", v2_acquire, v2_release, "release_v2 (fenced)"),
+    Approach("guardedcron after: acquire_v2, current schema", v2_acquire, v2_release, "release_v2 (fenced)"),
     Approach(
-        "guardedcron after: acquire_v1 on schema 3 (deployed guards)", v1_acquire, v1_release, "release_v1"
+        "guardedcron after: acquire_v1 on the current schema (deployed guards)",
+        v1_acquire,
+        v1_release,
+        "release_v1",
     ),
     Approach(
         "guardedcron before: acquire_v1, history at its 10,000-row cap",
@@ -173,6 +177,33 @@ APPROACHES = (
 )
 
 
+# Issue 11: the same acquisition on schema 3 (SECURITY INVOKER, no grant check) and on
+# schema 4 (SECURITY DEFINER entry points with a pinned search_path and the prefix check),
+# each migrated from this tree's own migration files, on one server in one run. The tenant
+# logs in as its own role, granted "bench-" among TENANT_GRANTS other tenants' prefixes.
+TENANT_PREFIX = "bench-"
+TENANT_GRANTS = 200
+TENANCY_APPROACHES = (
+    Approach("schema 3: acquire_v2 as the superuser", v2_acquire, v2_release, "release_v2", "schema3"),
+    Approach(
+        "schema 4: acquire_v2 as the superuser (owner's shortcut)",
+        v2_acquire,
+        v2_release,
+        "release_v2",
+        "schema4",
+    ),
+    Approach(
+        f"schema 4: acquire_v2 as a tenant role (prefix check among {TENANT_GRANTS + 1} grants)",
+        v2_acquire,
+        v2_release,
+        "release_v2",
+        "tenant",
+    ),
+)
+# client_loop finds an approach by its index here (the contending processes are spawned).
+REGISTRY = APPROACHES + TENANCY_APPROACHES
+
+
 def prepare(dsn: str) -> None:
     with connect(dsn) as conn:
         conn.execute(SHEDLOCK_TABLE)
@@ -191,7 +222,7 @@ class Sample:
 def client_loop(
     dsn: str, approach_index: int, holder: str, seconds: float, hold: float, start_at: float
 ) -> Sample:
-    approach = APPROACHES[approach_index]
+    approach = REGISTRY[approach_index]
     sample = Sample()
     with connect(dsn, holder) as conn:
         while time.time() < start_at:  # every process starts together
@@ -263,11 +294,16 @@ class Cost:
     wal_bytes: float
 
 
-def cost_per_acquisition(dsn: str, dbname: str, approach: Approach, acquisitions: int) -> Cost:
+def cost_per_acquisition(
+    dsn: str, dbname: str, approach: Approach, acquisitions: int, meter_dsn: str | None = None
+) -> Cost:
     """Single client, after a checkpoint. Statements sent include the release the next acquisition
-    needs; server execution time is pg_stat_statements' (completed statements, commit excluded)."""
-    reset_lock(dsn, approach)
-    with connect(dsn, "measure") as meter, connect(dsn, "client") as raw:
+    needs; server execution time is pg_stat_statements' (completed statements, commit excluded).
+    The meter (reset, checkpoint, statistics) connects as the superuser: `meter_dsn` when the
+    client logs in as a role that may not."""
+    meter_dsn = meter_dsn or dsn
+    reset_lock(meter_dsn, approach)
+    with connect(meter_dsn, "measure") as meter, connect(dsn, "client") as raw:
         conn: Any = CountingConnection(raw)
         token = approach.acquire(conn, "warm", 0)  # the lock row exists from here on
         if token is not None:
@@ -385,3 +421,190 @@ def run(
         " 100 ms, so most calls lose. Latency is per acquire call."
     )
     return [single, contended]
+
+
+# --- issue 11: schema 3 beside schema 4, one run ------------------------------------------
+def tenancy_databases(server: ThrowawayPostgres) -> dict[str, tuple[str, str, str]]:
+    """approach.schema -> (client DSN, superuser DSN, database name)."""
+    from guardedcron.guard.grants import grant
+    from guardedcron.guard.migrations import load_migrations
+
+    found: dict[str, tuple[str, str, str]] = {}
+    for key, version in (("schema3", 3), ("schema4", 4)):
+        name = f"tenancy_{key}"
+        dsn = server.create_database(name)
+        with connect(dsn) as conn, conn.transaction():
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("CREATE SCHEMA guardedcron")
+            conn.execute(
+                "CREATE TABLE guardedcron.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            )
+            for migration in load_migrations():
+                if migration.version <= version:
+                    conn.execute(migration.sql.encode())
+                    conn.execute(
+                        "INSERT INTO guardedcron.schema_migrations (version, name) VALUES (%s, %s)",
+                        (migration.version, migration.name),
+                    )
+        prepare(dsn)
+        found[key] = (dsn, dsn, name)
+    schema4, _, name = found["schema4"]
+    password = "bench-tenant-password"
+    with connect(schema4) as conn:
+        conn.execute("DROP ROLE IF EXISTS bench_tenant")
+        conn.execute(f"CREATE ROLE bench_tenant LOGIN PASSWORD '{password}'")
+        conn.execute(
+            "INSERT INTO guardedcron.lock_grants (role, prefix)"
+            " SELECT 10, 'tenant-' || g || '/' FROM generate_series(1, %s) g",
+            (TENANT_GRANTS,),
+        )  # other tenants' grants (role 10: the bootstrap superuser; only their count matters)
+        grant(conn, "bench_tenant", [TENANT_PREFIX])
+    tenant = f"postgresql://bench_tenant:{password}@127.0.0.1:{server.port}/{name}"
+    found["tenant"] = (tenant, schema4, name)
+    return found
+
+
+def run_tenancy(
+    server: ThrowawayPostgres, *, seconds: float = 4.0, clients: int = 16, rounds: int = 3
+) -> list[Table]:
+    """Each round measures the three approaches in turn (rotated, so none is always first on a
+    machine whose load drifts); the tables give the median of the rounds and their range."""
+    databases = tenancy_databases(server)
+    first = len(APPROACHES)
+    solo: dict[int, list[Sample]] = {i: [] for i in range(len(TENANCY_APPROACHES))}
+    costs: dict[int, list[Cost]] = {i: [] for i in range(len(TENANCY_APPROACHES))}
+    churn: dict[int, list[tuple[float, float, list[float]]]] = {i: [] for i in range(len(TENANCY_APPROACHES))}
+    for round_number in range(rounds):
+        order = list(range(len(TENANCY_APPROACHES)))
+        order = order[round_number % len(order) :] + order[: round_number % len(order)]
+        for offset in order:
+            approach = TENANCY_APPROACHES[offset]
+            dsn, admin, name = databases[approach.schema]
+            reset_lock(admin, approach)
+            solo[offset].append(client_loop(dsn, first + offset, "solo", seconds, 0.0, time.time()))
+            costs[offset].append(cost_per_acquisition(dsn, name, approach, 2000, meter_dsn=admin))
+            reset_lock(admin, approach)
+            samples = contend(dsn, first + offset, clients, seconds, 0.0)
+            span = max(s.seconds for s in samples)
+            churn[offset].append(
+                (
+                    sum(s.calls for s in samples) / span,
+                    sum(s.wins for s in samples) / span,
+                    [x for s in samples for x in s.latencies],
+                )
+            )
+
+    def spread(values: list[float], digits: int) -> str:
+        return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+    single = Table(
+        f"Issue 11: acquire and release, schema 3 beside schema 4, one client"
+        f" ({rounds} rounds of {seconds:g} s)",
+        [
+            "approach",
+            "acquisitions/s",
+            "acquire p50 ms",
+            "acquire p99 ms",
+            "release p50 ms",
+            "server execution ms per acquisition",
+            "WAL bytes per acquisition",
+        ],
+    )
+    contended = Table(
+        f"Issue 11: {clients} client processes on one lock, churn ({rounds} rounds of {seconds:g} s)",
+        ["approach", "answers/s", "acquisitions/s", "p50 ms", "p99 ms"],
+    )
+    for offset, approach in enumerate(TENANCY_APPROACHES):
+        latencies = [x for sample in solo[offset] for x in sample.latencies]
+        releases = [x for sample in solo[offset] for x in sample.release_latencies]
+        single.add(
+            approach.name,
+            spread([sample.wins / sample.seconds for sample in solo[offset]], 0),
+            ms(percentile(latencies, 0.5)),
+            ms(percentile(latencies, 0.99)),
+            ms(percentile(releases, 0.5)),
+            spread([cost.server_ms for cost in costs[offset]], 3),
+            spread([cost.wal_bytes for cost in costs[offset]], 0),
+        )
+        pooled = [x for _, _, lat in churn[offset] for x in lat]
+        contended.add(
+            approach.name,
+            spread([answers for answers, _, _ in churn[offset]], 0),
+            spread([wins for _, wins, _ in churn[offset]], 0),
+            ms(percentile(pooled, 0.5)),
+            ms(percentile(pooled, 0.99)),
+        )
+    single.notes.append(
+        "Both databases are migrated from this tree's migration files (0001-0003 for schema 3, all for"
+        " schema 4) on one durable server and measured in the same run, the approaches taking turns"
+        " round by round. Median of the rounds, (min-max) in brackets; latency percentiles pool every"
+        " round's calls. Server execution: pg_stat_statements' time of the acquire and release"
+        " statements (top level) per acquisition, over 2,000 acquisitions after a CHECKPOINT."
+        f" {LEASE:g} s leases, two holders in turn (every acquisition is a takeover)."
+    )
+    return [single, contended, call_costs(databases)]
+
+
+def call_costs(databases: dict[str, tuple[str, str, str]], calls: int = 5_000, tries: int = 5) -> Table:
+    """What the pieces cost inside the server, without the client, the network or a commit:
+    a PL/pgSQL loop making `calls` calls, best of `tries` (the least disturbed by the load)."""
+    schema3, _, _ = databases["schema3"]
+    _, admin, _ = databases["schema4"]
+    tenant, _, _ = databases["tenant"]
+    # A renewal by no holder: the same small body (one UPDATE matching nothing, one SELECT)
+    # on each side, so that the difference is the wrapper, the definer switch and the check.
+    renew = f"* FROM guardedcron.renew_v2('{LOCK}', 'nobody', 1, 30)"
+    body = f"* FROM guardedcron._renew_v2('{LOCK}', 'nobody', 1, 30)"
+    rows = (
+        ("schema 3: renew_v2 as the superuser (SECURITY INVOKER, no check)", schema3, renew),
+        ("schema 4: _renew_v2 as the superuser (the same body, pinned search_path)", admin, body),
+        ("schema 4: renew_v2 as the superuser (+ definer wrapper, owner's shortcut)", admin, renew),
+        (
+            f"schema 4: renew_v2 as the tenant (+ prefix check among {TENANT_GRANTS + 1} grants)",
+            tenant,
+            renew,
+        ),
+    )
+    table = Table(
+        f"Issue 11: cost per call inside the server ({calls:,} calls in a PL/pgSQL loop, best of {tries})",
+        ["call", "µs per call"],
+    )
+    for label, dsn, call in rows:
+        best = float("inf")
+        with connect(dsn) as conn:
+            conn.execute(call_loop(call, 100))  # warm: plans and caches
+            for _ in range(tries):
+                began = time.perf_counter()
+                conn.execute(call_loop(call, calls))
+                best = min(best, time.perf_counter() - began)
+        table.add(label, f"{best / calls * 1e6:.1f}")
+    table.notes.append(
+        "acquire_v2 and release_v2 pay the same wrapper and check as renew_v2 (one each per call)."
+    )
+    return table
+
+
+def call_loop(call: str, count: int) -> bytes:
+    return f"DO $$ BEGIN FOR i IN 1..{count} LOOP PERFORM {call}; END LOOP; END $$".encode()
+
+
+def main() -> int:
+    import argparse
+
+    from bench.common import durable_server, machine_line
+
+    parser = argparse.ArgumentParser(description="Issue 11: lease acquisition on schema 3 and schema 4")
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with durable_server() as server:
+        print(machine_line(server) + "\n")
+        for table in run_tenancy(server, seconds=args.seconds, clients=args.clients, rounds=args.rounds):
+            print(table.markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -31,15 +31,19 @@ COMMENT ON TABLE guardedcron.lock_grants IS
 
 -- The lock-name prefixes the session's role may use; {''} (every lock) for roles with the
 -- owner's privileges. Runtime roles execute it: the `runs` policy calls it.
+-- (PL/pgSQL rather than SQL functions: PostgreSQL 15 plans a SQL function that cannot be
+-- inlined, as SECURITY DEFINER ones cannot, again on every call; PL/pgSQL keeps its plans.)
 CREATE FUNCTION guardedcron.granted_prefixes_v1() RETURNS text[]
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, guardedcron, pg_temp AS $$
-    SELECT CASE
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, guardedcron, pg_temp AS $$
+BEGIN
+    RETURN (SELECT CASE
         WHEN pg_has_role(session_user, n.nspowner, 'USAGE') THEN ARRAY['']
         ELSE coalesce((SELECT array_agg(DISTINCT g.prefix ORDER BY g.prefix)
                          FROM guardedcron.lock_grants g
                         WHERE pg_has_role(session_user, g.role, 'USAGE')), '{}')
         END
-      FROM pg_namespace n WHERE n.nspname = 'guardedcron'
+      FROM pg_namespace n WHERE n.nspname = 'guardedcron');
+END
 $$;
 
 -- Raise GC003 unless the session's role may use p_lock. The message names the lock and
@@ -65,8 +69,10 @@ $$;
 -- For readers (`guardedcron runs`): refuse up front what row-level security would only
 -- hide, so a tenant asking for another's lock gets GC003, not an empty history.
 CREATE FUNCTION guardedcron.check_grant_v1(p_lock text) RETURNS void
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, guardedcron, pg_temp AS $$
-    SELECT guardedcron._require_grant(p_lock)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, guardedcron, pg_temp AS $$
+BEGIN
+    PERFORM guardedcron._require_grant(p_lock);
+END
 $$;
 
 -- The v2 bodies stay as they were, under helper names; the public names check first.
