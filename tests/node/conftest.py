@@ -9,28 +9,21 @@ test fails with it: never a skip.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from guardedcron_devenv.binaries import NodeBinaries, Paths, ensure_binaries, ensure_node_binaries
 from guardedcron_devenv.controlplane import ControlPlane
+from guardedcron_devenv.docker_engine import DockerEngine, ensure_engine
+from guardedcron_devenv.image import BuiltImage, default_tag, ensure_image
 from guardedcron_devenv.node import PodNetwork, RealNode
 from guardedcron_devenv.node_images import BUSYBOX_IMAGE, busybox_image
-
-# A subnet of our own for the pod bridge; nothing else on this machine uses it.
-POD_SUBNET = "10.213.0.0/24"
+from tests.node.cluster import POD_SUBNET, NodeCluster
+from tests.support import REPO
 
 _build: dict[str, tuple[Paths, NodeBinaries] | BaseException] = {}
 _started: dict[str, NodeCluster] = {}
-
-
-@dataclass(frozen=True)
-class NodeCluster:
-    network: PodNetwork
-    plane: ControlPlane
-    node: RealNode
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -90,3 +83,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             for part in ("containerd", "kubelet", "kube-scheduler", "kube-proxy"):
                 report.sections.append((f"{part} log", cluster.node.logs_tail(part)))
     return report
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> DockerEngine:
+    """The machine's engine, started if none answers; no engine is an error, never a skip."""
+    return ensure_engine()
+
+
+@pytest.fixture(scope="session")
+def node_image(docker_engine: DockerEngine) -> BuiltImage:
+    """The repository's Dockerfile built on the stand-in base, as `make image` builds it."""
+    return ensure_image(default_tag(), REPO, engine=docker_engine)

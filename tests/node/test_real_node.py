@@ -17,9 +17,9 @@ from guardedcron_devenv.binaries import NodeBinaries, Paths
 from guardedcron_devenv.controlplane import ControlPlane
 from guardedcron_devenv.node import PodNetwork, RealNode
 from guardedcron_devenv.node_images import BUSYBOX_IMAGE, busybox_image
-from tests.node.conftest import NodeCluster
+from tests.node.cluster import NODE_TEST_TIMEOUT_SECONDS, NodeCluster
 
-pytestmark = pytest.mark.node
+pytestmark = [pytest.mark.node, pytest.mark.timeout(NODE_TEST_TIMEOUT_SECONDS)]
 
 POD_FINISH_SECONDS = 120.0
 

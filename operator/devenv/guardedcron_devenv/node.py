@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -47,6 +47,7 @@ from guardedcron_devenv.node_images import (
     busybox_image,
     find_ctr,
     import_image,
+    import_saved_image,
 )
 
 CNI_BIN_DIR: Final = Path("/usr/lib/cni")
@@ -179,8 +180,8 @@ def build_kubelet_config(
     }  # fmt: skip
 
 
-def build_kube_proxy_config(*, kubeconfig: Path, node: str, pod_subnet: str, metrics_port: int,
-                            healthz_port: int) -> dict[str, Any]:
+def build_kube_proxy_config(*, kubeconfig: Path, node: str, pod_subnet: str, node_port_cidr: str,
+                            metrics_port: int, healthz_port: int) -> dict[str, Any]:
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
@@ -190,8 +191,11 @@ def build_kube_proxy_config(*, kubeconfig: Path, node: str, pod_subnet: str, met
         "clusterCIDR": pod_subnet,
         "metricsBindAddress": f"127.0.0.1:{metrics_port}",
         "healthzBindAddress": f"127.0.0.1:{healthz_port}",
-        # Leave the machine's conntrack table sizes alone (we may not set them anyway).
+        # Leave the machine's conntrack table sizes alone (we may not set them anyway), and
+        # its route_localnet sysctl: node ports only on the pod bridge's address.
         "conntrack": {"maxPerCore": 0, "min": 0},
+        "iptables": {"localhostNodePorts": False},
+        "nodePortAddresses": [node_port_cidr],
     }
 
 
@@ -266,6 +270,10 @@ class RealNode:
     def import_image(self, archive: bytes) -> None:
         import_image(self._ctr, str(self.runtime_socket), archive)
 
+    def import_saved_image(self, save_command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        """Import what `save_command` writes, e.g. `docker save guardedcron:0.1.0`."""
+        import_saved_image(self._ctr, str(self.runtime_socket), save_command, env)
+
     def stop(self) -> None:
         """Stop every part and remove what it left: containers, mounts, iptables rules, folders."""
         if self._workdir is None:
@@ -328,7 +336,7 @@ class RealNode:
         proxy_config = work / "kube-proxy.yaml"
         proxy_config.write_text(yaml.safe_dump(build_kube_proxy_config(
             kubeconfig=kubeconfig, node=self.name, pod_subnet=str(self.network.subnet),
-            metrics_port=free_port(), healthz_port=free_port(),
+            node_port_cidr=f"{self.network.gateway}/32", metrics_port=free_port(), healthz_port=free_port(),
         )))  # fmt: skip
         self._spawn("kube-proxy", [str(self.binaries.kube_proxy), f"--config={proxy_config}"])
         self._wait_until(f"node {self.name} is Ready", self._node_ready)

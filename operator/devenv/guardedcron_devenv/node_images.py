@@ -84,10 +84,35 @@ def busybox_image(tag: str, command: Sequence[str]) -> bytes:
 def import_image(ctr: str, address: str, archive: bytes) -> None:
     """Load an archive into containerd's Kubernetes namespace, where the kubelet finds it."""
     result = subprocess.run(
-        [ctr, "--address", address, "--namespace", "k8s.io", "images", "import",
-         "--no-unpack=false", "-"],
+        [ctr, "--address", address, "--namespace", "k8s.io", "images", "import", "-"],
         input=archive, capture_output=True, timeout=IMPORT_TIMEOUT_SECONDS, check=False,
     )  # fmt: skip
+    if result.returncode != 0:
+        raise ImageError(f"ctr images import failed: {result.stderr.decode(errors='replace').strip()}")
+
+
+def import_saved_image(
+    ctr: str, address: str, save_command: Sequence[str], env: Mapping[str, str] | None = None
+) -> None:
+    """Stream `save_command`'s output (e.g. `docker save TAG`) into containerd, no temp file."""
+    with subprocess.Popen(list(save_command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=None if env is None else dict(env)) as save:  # fmt: skip
+        assert save.stdout is not None
+        try:
+            result = subprocess.run(
+                [ctr, "--address", address, "--namespace", "k8s.io", "images", "import", "-"],
+                stdin=save.stdout, capture_output=True, timeout=IMPORT_TIMEOUT_SECONDS, check=False,
+            )  # fmt: skip
+        finally:
+            save.stdout.close()
+            try:
+                save.wait(timeout=IMPORT_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                save.kill()
+                save.wait()
+        save_error = save.stderr.read().decode(errors="replace").strip() if save.stderr else ""
+    if save.returncode != 0:
+        raise ImageError(f"{' '.join(save_command)} failed (exit {save.returncode}): {save_error}")
     if result.returncode != 0:
         raise ImageError(f"ctr images import failed: {result.stderr.decode(errors='replace').strip()}")
 

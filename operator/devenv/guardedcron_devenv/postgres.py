@@ -9,6 +9,7 @@ user that the package creates.
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
 import pwd
 import secrets
@@ -59,8 +60,12 @@ class ThrowawayPostgres:
         max_connections: int = 400,
         superuser: str = "guardedcron",
         settings: Sequence[tuple[str, str]] = (),
+        client_networks: Sequence[str] = (),
     ) -> None:
+        """`client_networks`: subnets (e.g. a pod network) allowed to log in with a password;
+        the server also listens on each one's first address, which must be this machine's."""
         self.bin = find_server_bin()
+        self.client_networks = tuple(ipaddress.ip_network(n) for n in client_networks)
         self.durable = durable
         self.max_connections = max_connections
         self.superuser = superuser
@@ -128,8 +133,9 @@ class ThrowawayPostgres:
             "--no-sync",
         )
         pwfile.unlink()
+        addresses = ["127.0.0.1", *(str(next(net.hosts())) for net in self.client_networks)]
         settings = {
-            "listen_addresses": "'127.0.0.1'",
+            "listen_addresses": f"'{','.join(addresses)}'",
             "port": str(self.port),
             "unix_socket_directories": f"'{self.socket_dir}'",
             "max_connections": str(self.max_connections),
@@ -144,6 +150,9 @@ class ThrowawayPostgres:
             conf.write("\n# guardedcron throwaway server\n")
             for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            for network in self.client_networks:
+                hba.write(f"host all all {network} scram-sha-256\n")
 
     def start(self) -> None:
         result = self._pg(
@@ -185,11 +194,13 @@ class ThrowawayPostgres:
             return ""
 
     # --- connection strings -----------------------------------------------------------
-    def dsn(self, dbname: str = "postgres", *, password: str | None = None) -> str:
+    def dsn(
+        self, dbname: str = "postgres", *, password: str | None = None, host: str = "127.0.0.1"
+    ) -> str:
         secret = self.password if password is None else password
         return (
             f"postgresql://{quote(self.superuser)}:{quote(secret, safe='')}"
-            f"@127.0.0.1:{self.port}/{quote(dbname)}"
+            f"@{host}:{self.port}/{quote(dbname)}"
         )
 
     def create_database(self, name: str) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import secrets
 import sys
@@ -49,6 +50,7 @@ from guardedcron.kube import (
     KubeClient,
     NotFound,
 )
+from guardedcron.kube.credentials import login
 from guardedcron.objects import controlled_by, uid_of
 
 FIELD_MANAGER = "guardedcron-trigger"
@@ -164,8 +166,7 @@ def _ready_message(gcj: dict[str, Any]) -> str:
 def _login() -> kopf.ConnectionInfo:
     settings = kopf.OperatorSettings()
     try:
-        info = kopf.login_with_kubeconfig(settings=settings) or kopf.login_with_service_account(
-            settings=settings)
+        info = kopf.login_with_kubeconfig(settings=settings) or login(settings, os.environ)
     except yaml.YAMLError as error:
         # The parser quotes the offending text, which may be a token: say where, not what.
         mark = getattr(error, "problem_mark", None)

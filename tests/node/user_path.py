@@ -1,0 +1,215 @@
+"""The path a user takes, on the real node: the image built from the Dockerfile, the chart
+installed with it, the operator as a pod, guarded runs as pods of the kubelet.
+
+`UserPath` holds what the scenarios share: the node cluster, a PostgreSQL the pods reach
+on the pod bridge's address, the built images imported into the node's containerd, and
+the chart installed into a namespace that enforces the `restricted` Pod Security level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from guardedcron import contract
+from guardedcron_devenv.controlplane import KubectlError
+from guardedcron_devenv.docker_engine import DockerEngine
+from guardedcron_devenv.image import BuiltImage
+from guardedcron_devenv.postgres import ThrowawayPostgres
+from tests.node.cluster import NodeCluster
+from tests.support import GUARDEDCRON, REPO
+from tests.support.chart import CHART, helm
+
+T = TypeVar("T")
+
+SYSTEM_NAMESPACE = "gc-system"
+RELEASE = "gc"
+WORKLOAD_SCRIPT = REPO / "tests" / "e2e" / "workload.py"  # the e2e suite's workload, as a file
+WORKLOAD_IMAGE = "guardedcron-node-workload:dev"
+WORKLOAD_CONTAINER = "work"
+DSN_SECRET = "jobs-db"
+RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
+# What `restricted` asks of every container; the guard's containers carry it already.
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = 120.0, interval: float = 1.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class UserPath:
+    cluster: NodeCluster
+    db: ThrowawayPostgres
+    image: BuiltImage
+
+    @property
+    def host_dsn(self) -> str:
+        return self.db.dsn("work")
+
+    @property
+    def pod_dsn(self) -> str:
+        return self.db.dsn("work", host=self.cluster.network.gateway)
+
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.cluster.plane.kubectl(*args, input=input)
+
+    def get(self, *args: str) -> dict[str, Any]:
+        value: dict[str, Any] = self.cluster.plane.kubectl_json("get", *args)
+        return value
+
+    def apply(self, manifest: Mapping[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    def team_namespace(self, name: str) -> str:
+        """A namespace enforcing `restricted`, with the DSN Secret the guard reads."""
+        self.kubectl("create", "namespace", name)
+        self.kubectl("label", "namespace", name, RESTRICTED)
+        self.kubectl("create", "secret", "generic", DSN_SECRET, "-n", name,
+                     f"--from-literal=dsn={self.pod_dsn}")  # fmt: skip
+        return name
+
+    def wait_cronjob(self, namespace: str, name: str) -> dict[str, Any]:
+        """The CronJob the operator makes of a GuardedCronJob, once it exists."""
+
+        def made() -> dict[str, Any] | None:
+            try:
+                return self.get("cronjob", name, "-n", namespace)
+            except KubectlError:
+                return None
+
+        try:
+            return wait_for(f"the operator creates CronJob {namespace}/{name}", made, timeout=60)
+        except AssertionError as missing:
+            gcj = self.get(f"{contract.PLURAL}.{contract.API_GROUP}", name, "-n", namespace)
+            raise AssertionError(
+                f"{missing}\nstatus: {json.dumps(gcj.get('status'))}\n"
+                f"operator log:\n{self.operator_logs()[-4000:]}"
+            ) from None
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.host_dsn, autocommit=True, connect_timeout=5) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        listed = self.get("pods", "-n", SYSTEM_NAMESPACE, "-l", "app.kubernetes.io/name=guardedcron")
+        pods: list[dict[str, Any]] = listed["items"]
+        return pods
+
+    def operator_logs(self) -> str:
+        return "\n".join(
+            self.kubectl("logs", pod["metadata"]["name"], "-n", SYSTEM_NAMESPACE).stdout
+            for pod in self.operator_pods()
+        )
+
+    def metrics(self) -> str:
+        """/metrics scraped through the chart's Service (kube-proxy routes its ClusterIP)."""
+        [service] = [s for s in self.get("services", "-n", SYSTEM_NAMESPACE)["items"]
+                     if s["metadata"]["name"].endswith("-metrics")]  # fmt: skip
+        port = service["spec"]["ports"][0]["port"]
+        url = f"http://{service['spec']['clusterIP']}:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+
+    def wait_job_finished(self, namespace: str, job: str, timeout: float = 180.0) -> dict[str, Any]:
+        def finished() -> dict[str, Any] | None:
+            live = self.get("job", job, "-n", namespace)
+            done = [c for c in live.get("status", {}).get("conditions", [])
+                    if c["type"] in ("Complete", "Failed") and c["status"] == "True"]  # fmt: skip
+            return live if done else None
+
+        return wait_for(f"job {namespace}/{job} finishes", finished, timeout)
+
+    def pod_of(self, namespace: str, job: str) -> dict[str, Any]:
+        [pod] = self.get("pods", "-n", namespace, "-l", f"job-name={job}")["items"]
+        return pod
+
+
+def install_chart(path: UserPath) -> None:
+    repository, _, tag = path.image.tag.rpartition(":")
+    values = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+              "guard": {"imagePullPolicy": "Never"}}  # fmt: skip
+    result = helm(["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NAMESPACE,
+                   "--reset-values", "--wait", "--timeout", "4m",
+                   "--kubeconfig", str(path.cluster.plane.kubeconfig)], values)  # fmt: skip
+    assert result.code == 0, result.stderr
+
+
+def build_workload_image(engine: DockerEngine, base: str, context: Path) -> str:
+    """The e2e workload script on top of the guardedcron image (its Python and psycopg)."""
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "workload.py").write_bytes(WORKLOAD_SCRIPT.read_bytes())
+    (context / "Dockerfile").write_text(
+        "ARG BASE\nFROM ${BASE}\nCOPY workload.py /opt/guardedcron-node/workload.py\n"
+        'ENTRYPOINT ["python", "/opt/guardedcron-node/workload.py"]\n'
+    )
+    result = engine.run("build", "--network", "host", "--build-arg", f"BASE={base}",
+                        "--tag", WORKLOAD_IMAGE, str(context), timeout_s=600,
+                        env={"DOCKER_BUILDKIT": "0"})  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return WORKLOAD_IMAGE
+
+
+def prepare_database(db: ThrowawayPostgres) -> None:
+    """The guard's schema (`guardedcron db migrate`) and the workload's tables."""
+    db.create_database("work")
+    for command in ([GUARDEDCRON, "db", "migrate", "--dsn", db.dsn("work")],
+                    [sys.executable, str(WORKLOAD_SCRIPT), "--setup"]):  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False,
+                                env={**os.environ, "WORKLOAD_DSN": db.dsn("work")})  # fmt: skip
+        assert result.returncode == 0, result.stderr
+
+
+def workload_container(*, items: int = 3) -> dict[str, Any]:
+    return {
+        "name": WORKLOAD_CONTAINER,
+        "image": WORKLOAD_IMAGE,
+        "imagePullPolicy": "Never",
+        "args": ["--run-dir", contract.RUN_DIR, "--job", "$(JOB_NAME)", "--items", str(items)],
+        "env": [
+            {"name": "JOB_NAME", "valueFrom": {"fieldRef": {
+                "fieldPath": f"metadata.labels['{contract.LABEL_JOB_NAME}']"}}},
+            {"name": "WORKLOAD_DSN", "valueFrom": {"secretKeyRef": {"name": DSN_SECRET, "key": "dsn"}}},
+        ],
+        "securityContext": RESTRICTED_CONTAINER,
+    }  # fmt: skip
+
+
+def guarded_cronjob(name: str, namespace: str, *, lease: Mapping[str, Any] | None = None,
+                    container: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A GuardedCronJob that never fires by itself within a test (runs are made by hand)."""
+    return {
+        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+        "kind": contract.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "schedule": "0 0 1 1 *",
+            "lease": {"databaseSecretRef": {"name": DSN_SECRET}, **(lease or {})},
+            "jobTemplate": {"spec": {"template": {"spec": {
+                "containers": [dict(container or workload_container())],
+            }}}},
+        },
+    }  # fmt: skip
