@@ -3,6 +3,7 @@ cache key, and the clean-up that must never reach through a mount."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import uuid
 from pathlib import Path
@@ -19,18 +20,19 @@ from guardedcron_devenv.docker_engine import (
     start_engine,
     stop_engine,
 )
-from guardedcron_devenv.image import ensure_image
+from guardedcron_devenv.image import BuiltImage, ensure_image
 from guardedcron_devenv.long_step import run_long_step
 from guardedcron_devenv.python_base import (
     KEYED_PACKAGES,
     MIRROR,
     SUITE,
+    ca_bundle_path,
     current_recipe,
     mounts_under,
     remove_tree,
     suite_version,
 )
-from tests.support.image import IMAGE_TEST_TIMEOUT_S
+from tests.support.image import IMAGE_TEST_TIMEOUT_S, run_in_image
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(IMAGE_TEST_TIMEOUT_S)]
 
@@ -182,3 +184,18 @@ def test_a_started_engine_answers_within_the_bound_without_a_bridge(
         for point in sorted(mounts_under(tmp_path), key=len, reverse=True):
             subprocess.run(["umount", "--lazy", point], check=False, timeout=30)
     assert process.returncode == 0, "dockerd did not stop cleanly on SIGTERM"
+
+
+def test_the_stand_in_base_is_python_311_on_path_with_this_machines_ca_bundle_and_slim(
+    docker_engine: DockerEngine, built_image: BuiltImage
+) -> None:
+    probe = ("command -v python; python --version; sha256sum /etc/ssl/certs/ca-certificates.crt; "
+             "ls /usr/share/man /usr/share/locale /var/lib/apt/lists /var/cache/apt/archives "
+             "| grep -v ':$' | grep -v '^$' | grep -v '^partial$' | wc -l")
+    result = run_in_image(docker_engine, built_image.base, ["-c", probe], entrypoint="sh")
+    assert result.returncode == 0, result.stderr
+    where, version, bundle, leftovers = result.stdout.splitlines()
+    assert where == "/usr/bin/python" and version.startswith("Python 3.11."), result.stdout
+    machine_bundle = hashlib.sha256(ca_bundle_path().read_bytes()).hexdigest()
+    assert bundle.split()[0] == machine_bundle, "pip in the build would not trust this machine's CAs"
+    assert leftovers.strip() == "0", "manuals, translations or apt caches shipped"
