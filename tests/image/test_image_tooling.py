@@ -20,7 +20,7 @@ from guardedcron_devenv.docker_engine import (
     start_engine,
     stop_engine,
 )
-from guardedcron_devenv.image import BuiltImage, ensure_image
+from guardedcron_devenv.image import BuiltImage, ensure_image, stage_results
 from guardedcron_devenv.long_step import run_long_step
 from guardedcron_devenv.python_base import (
     KEYED_PACKAGES,
@@ -199,3 +199,43 @@ def test_the_stand_in_base_is_python_311_on_path_with_this_machines_ca_bundle_an
     machine_bundle = hashlib.sha256(ca_bundle_path().read_bytes()).hexdigest()
     assert bundle.split()[0] == machine_bundle, "pip in the build would not trust this machine's CAs"
     assert leftovers.strip() == "0", "manuals, translations or apt caches shipped"
+
+
+TWO_STAGES = """\
+ARG PYTHON_IMAGE
+FROM ${PYTHON_IMAGE} AS builder
+COPY value /value
+RUN cp /value /built
+FROM ${PYTHON_IMAGE}
+COPY --from=builder /built /opt/guardedcron
+"""
+
+
+def test_a_rebuild_removes_what_the_previous_build_of_its_tag_left_untagged(
+    docker_engine: DockerEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # its own record of stages
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text(TWO_STAGES)
+    tag = "guardedcron-housekeeping-probe:1"
+    kept = []
+    try:
+        (context / "value").write_text("first")
+        first = ensure_image(tag, context, progress=quiet, engine=docker_engine)
+        first_stages = stage_results(next((tmp_path / "cache").rglob("build-*.log")).read_text())
+        (context / "value").write_text("second")
+        second = ensure_image(tag, context, progress=quiet, engine=docker_engine)
+        second_stages = stage_results(next((tmp_path / "cache").rglob("build-*.log")).read_text())
+        kept = second_stages
+        assert len(first_stages) == len(second_stages) == 2
+        assert first.image_id.removeprefix("sha256:").startswith(first_stages[-1])
+        assert second.image_id != first.image_id
+        for image in first_stages:
+            assert docker_engine.run("image", "inspect", image).returncode != 0, f"{image} left behind"
+        for image in second_stages:  # the builder stage stays: it is the next build's cache
+            assert docker_engine.run("image", "inspect", image).returncode == 0, f"{image} removed"
+    finally:
+        docker_engine.run("image", "rm", tag)
+        for image in kept:
+            docker_engine.run("image", "rm", image)

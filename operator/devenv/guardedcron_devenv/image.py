@@ -16,6 +16,7 @@ about the stand-in.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -35,6 +36,8 @@ BUILD_TIMEOUT_S: Final = 20 * 60.0  # a cold build (pip downloads every dependen
 # The build's COPY of the finished virtual environment, as `docker history` shows it in the
 # classic builder ("COPY dir:<digest> in /opt/guardedcron") and in BuildKit.
 FILE_UNSAFE: Final = re.compile(r"[^\w.-]")
+STEP_RESULT: Final = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+STAGE_START: Final = re.compile(r"^Step \d+/\d+ : FROM ", re.IGNORECASE)
 VENV_COPY: Final = re.compile(rf"\bCOPY\b.*\s{re.escape(VENV_DIR)}\b")
 
 
@@ -66,8 +69,9 @@ def ensure_image(
         raise BuildError(f"no Dockerfile in {context}: give the repository's folder as the context")
     engine = engine or ensure_engine(progress)
     base = ensure_python_base(engine, progress)
-    replaced = engine.run("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
-    log_path = build_cache_root(os.environ) / "image" / f"build-{FILE_UNSAFE.sub('_', tag)}.log"
+    folder = build_cache_root(os.environ) / "image"
+    log_path = folder / f"build-{FILE_UNSAFE.sub('_', tag)}.log"
+    record_path = folder / f"stages-{FILE_UNSAFE.sub('_', tag)}.json"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
     progress(f"guardedcron: docker build of {tag} (log: {log_path})")
@@ -82,11 +86,40 @@ def ensure_image(
         env=engine.env({"DOCKER_BUILDKIT": "0"}),
     )
     built = inspect_image(engine, tag, base)
-    if replaced and replaced != built.image_id:
-        # The image this tag named before: untagged now, only disk. Kept if a container
-        # or another tag still uses it (rmi refuses; that refusal is fine).
-        engine.run("image", "rm", replaced)
+    remove_replaced_stages(engine, record_path, stage_results(log_path.read_text(errors="replace")))
     return built
+
+
+def stage_results(build_output: str) -> list[str]:
+    """The image each stage ended with, in order, read from the classic builder's output
+    (each step ends with ' ---> <id>'; a stage ends where the next FROM begins)."""
+    results: list[str] = []
+    last = ""
+    for line in build_output.splitlines():
+        if STAGE_START.match(line) and last:
+            results.append(last)
+        elif match := STEP_RESULT.match(line):
+            last = match.group(1)
+    if last:
+        results.append(last)
+    return results
+
+
+def remove_replaced_stages(engine: DockerEngine, record_path: Path, current: list[str]) -> None:
+    """Remove what this tag's previous build left untagged: its final image and the builder
+    stage's image (kept by Docker as the layer cache, useless once the sources changed).
+    Only untagged images go, and only if unused (rmi refuses otherwise; that is fine)."""
+    try:
+        previous = [str(image) for image in json.loads(record_path.read_text())]
+    except (OSError, ValueError, TypeError):
+        previous = []
+    for image in previous:
+        if image in current:
+            continue
+        tags = engine.run("image", "inspect", "--format", "{{len .RepoTags}}", image).stdout.strip()
+        if tags == "0":
+            engine.run("image", "rm", image)
+    record_path.write_text(json.dumps(current) + "\n")
 
 
 def inspect_image(engine: DockerEngine, tag: str, base: str) -> BuiltImage:
