@@ -24,6 +24,7 @@ from tests.node.user_path import (
     install_chart,
     prepare_database,
     wait_for,
+    workload_container,
 )
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(NODE_TEST_TIMEOUT_SECONDS)]
@@ -86,12 +87,7 @@ def test_a_run_on_the_node_takes_the_lease_and_writes_fenced_rows(user_path: Use
     rows = user_path.query("SELECT fence, holder FROM e2e_work WHERE lock = %s", (lock,))
     assert rows and {fence for fence, _ in rows} == {message["fence"]}, rows
 
-    def status_names_the_run() -> dict[str, Any] | None:
-        gcj = user_path.get(f"{contract.PLURAL}.{contract.API_GROUP}", "invoices", "-n", namespace)
-        last = gcj.get("status", {}).get("lastRun") or {}
-        return last if last.get("job") == job and last.get("outcome") == "Succeeded" else None
-
-    last = wait_for("status reports the run", status_names_the_run, timeout=60)
+    last = user_path.wait_last_run(namespace, "invoices", job, "Succeeded")
     assert last["fence"] == message["fence"], last
 
 
@@ -126,3 +122,85 @@ def test_the_same_slot_fired_again_is_skipped_by_pod_failure_policy(user_path: U
     assert (skipped["outcome"], skipped["reason"]) == ("skipped", "slot-claimed"), skipped
     rows = user_path.query("SELECT count(*) FROM e2e_work WHERE lock = %s", (f"{namespace}/ledger",))
     assert rows == [(3,)], rows  # the first run's three items, once
+
+
+def start_gated_run(user_path: UserPath, namespace: str, name: str, **lease: Any) -> tuple[str, str]:
+    """A GuardedCronJob whose run stalls after its first item; returns (job, lock)."""
+    user_path.apply(guarded_cronjob(name, namespace, lease=lease,
+                                    container=workload_container(gate=True)))  # fmt: skip
+    user_path.wait_cronjob(namespace, name)
+    job = f"{name}-{int(time.time() // 60) - 3}"
+    user_path.kubectl("create", "job", f"--from=cronjob/{name}", job, "-n", namespace)
+    lock = f"{namespace}/{name}"
+    wait_for("the run writes its first item",
+             lambda: user_path.query("SELECT 1 FROM e2e_work WHERE job = %s", (job,)), timeout=120)
+    return job, lock
+
+
+def test_keep_renews_a_run_longer_than_its_lease_and_releases_it(user_path: UserPath) -> None:
+    namespace = user_path.team_namespace("team-long")
+    job, lock = start_gated_run(user_path, namespace, "long", heartbeat=True, durationSeconds=15)
+    first = user_path.lease(lock)
+    time.sleep(25)  # well past the 15 s lease: only the keeper's renewals keep it
+    renewed = user_path.lease(lock)
+    assert renewed["holder"] == first["holder"] and renewed["fence"] == first["fence"]
+    assert renewed["locked_until"] > first["locked_until"], (first, renewed)
+    user_path.open_gate(job)
+    finished = user_path.wait_job_finished(namespace, job)
+    assert [c["type"] for c in finished["status"]["conditions"] if c["status"] == "True"][-1] == "Complete"
+    fences = user_path.query("SELECT DISTINCT fence FROM e2e_work WHERE job = %s", (job,))
+    assert fences == [(first["fence"],)], fences
+    keeper = terminated(user_path.pod_of(namespace, job), contract.KEEPER_CONTAINER)
+    assert keeper["exitCode"] == 0, keeper  # stopped by the kubelet after the workload
+    assert user_path.lease(lock)["released"] is True
+    user_path.wait_last_run(namespace, "long", job, "Succeeded")
+
+
+def test_a_lease_taken_over_mid_run_is_lost_and_the_operator_stops_the_pod(user_path: UserPath) -> None:
+    namespace = user_path.team_namespace("team-lost")
+    job, lock = start_gated_run(user_path, namespace, "lost", heartbeat=True, durationSeconds=15,
+                                onLost="StopWorkload")  # fmt: skip
+    pod_name = user_path.pod_of(namespace, job)["metadata"]["name"]
+    # Someone else takes the lock over in the database, as an expired lease's successor would.
+    user_path.query(
+        "UPDATE guardedcron.leases SET holder = 'intruder', fence = nextval('guardedcron.fences'),"
+        " locked_until = clock_timestamp() + interval '1 hour' WHERE lock_name = %s RETURNING fence",
+        (lock,),
+    )
+    last = user_path.wait_last_run(namespace, "lost", job, "Lost", timeout=120)
+    assert "intruder" in json.dumps(last), last
+    wait_for("the operator deletes the run's pod", lambda: not [
+        p for p in user_path.get("pods", "-n", namespace)["items"]
+        if p["metadata"]["name"] == pod_name and not p["metadata"].get("deletionTimestamp")
+    ], timeout=60)  # fmt: skip
+    assert user_path.events(namespace, "LeaseLost"), "no LeaseLost Event"
+    assert user_path.events(namespace, "WorkloadStopped"), "no WorkloadStopped Event"
+    assert user_path.query("SELECT count(*) FROM e2e_work WHERE job = %s", (job,)) == [(1,)]
+
+
+def test_an_unreachable_database_is_a_guard_error_in_status_events_and_metrics(
+    user_path: UserPath,
+) -> None:
+    namespace = user_path.team_namespace("team-nodb")
+    gateway = user_path.cluster.network.gateway
+    # Nothing listens on port 9 of the bridge address: connection refused at once.
+    user_path.kubectl("create", "secret", "generic", "nowhere", "-n", namespace,
+                      f"--from-literal=dsn=postgresql://nobody:secret@{gateway}:9/none")  # fmt: skip
+    manifest = guarded_cronjob("nodb", namespace)
+    manifest["spec"]["lease"]["databaseSecretRef"] = {"name": "nowhere"}
+    user_path.apply(manifest)
+    user_path.wait_cronjob(namespace, "nodb")
+    job = f"nodb-{int(time.time() // 60) - 2}"
+    user_path.kubectl("create", "job", "--from=cronjob/nodb", job, "-n", namespace)
+    failed_job = user_path.wait_job_finished(namespace, job)
+    [failed] = [c for c in failed_job["status"]["conditions"] if c["type"] == "Failed"]
+    assert failed["reason"] == "PodFailurePolicy", failed
+    assert f"matching FailJob rule at index {contract.GUARD_ERROR_RULE_INDEX}" in failed["message"]
+    guard = terminated(user_path.pod_of(namespace, job), contract.GUARD_CONTAINER)
+    assert guard["exitCode"] == contract.EXIT_UNAVAILABLE, guard
+    assert "secret" not in guard.get("message", ""), "the DSN's password leaked into the message"
+    user_path.wait_last_run(namespace, "nodb", job, "GuardError")
+    assert user_path.events(namespace, "GuardError"), "no GuardError Event"
+    metrics = user_path.metrics()
+    assert any(line.startswith("guardedcron_runs_total{") and 'outcome="guard_error"' in line
+               and f'namespace="{namespace}"' in line for line in metrics.splitlines()), metrics[-2000:]

@@ -114,6 +114,39 @@ class UserPath:
         with psycopg.connect(self.host_dsn, autocommit=True, connect_timeout=5) as conn:
             return conn.execute(sql, params).fetchall()
 
+    def open_gate(self, job: str) -> None:
+        self.query("INSERT INTO e2e_gates (job) VALUES (%s) ON CONFLICT DO NOTHING RETURNING job", (job,))
+
+    def lease(self, lock: str) -> dict[str, Any]:
+        [(holder, fence, locked_until, released)] = self.query(
+            "SELECT holder, fence, locked_until, released_at IS NOT NULL FROM guardedcron.leases"
+            " WHERE lock_name = %s", (lock,))  # fmt: skip
+        return {"holder": holder, "fence": fence, "locked_until": locked_until, "released": released}
+
+    def gcj_status(self, namespace: str, name: str) -> dict[str, Any]:
+        gcj = self.get(f"{contract.PLURAL}.{contract.API_GROUP}", name, "-n", namespace)
+        status: dict[str, Any] = gcj.get("status") or {}
+        return status
+
+    def wait_last_run(self, namespace: str, name: str, job: str, outcome: str,
+                      timeout: float = 90.0) -> dict[str, Any]:
+        """The GuardedCronJob's status naming `job` as its last run with `outcome`."""
+
+        def reported() -> dict[str, Any] | None:
+            last = self.gcj_status(namespace, name).get("lastRun") or {}
+            return last if last.get("job") == job and last.get("outcome") == outcome else None
+
+        try:
+            return wait_for(f"status reports {job} as {outcome}", reported, timeout)
+        except AssertionError as missing:
+            status = json.dumps(self.gcj_status(namespace, name))
+            raise AssertionError(f"{missing}\nstatus: {status}") from None
+
+    def events(self, namespace: str, reason: str) -> list[dict[str, Any]]:
+        listed = self.get("events", "-n", namespace, "--field-selector", f"reason={reason}")
+        events: list[dict[str, Any]] = listed["items"]
+        return events
+
     def operator_pods(self) -> list[dict[str, Any]]:
         listed = self.get("pods", "-n", SYSTEM_NAMESPACE, "-l", "app.kubernetes.io/name=guardedcron")
         pods: list[dict[str, Any]] = listed["items"]
@@ -151,7 +184,7 @@ class UserPath:
 def install_chart(path: UserPath) -> None:
     repository, _, tag = path.image.tag.rpartition(":")
     values = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-              "guard": {"imagePullPolicy": "Never"}}  # fmt: skip
+              "guard": {"imagePullPolicy": "Never"}, "stopWorkload": {"enabled": True}}  # fmt: skip
     result = helm(["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NAMESPACE,
                    "--reset-values", "--wait", "--timeout", "4m",
                    "--kubeconfig", str(path.cluster.plane.kubeconfig)], values)  # fmt: skip
@@ -183,12 +216,15 @@ def prepare_database(db: ThrowawayPostgres) -> None:
         assert result.returncode == 0, result.stderr
 
 
-def workload_container(*, items: int = 3) -> dict[str, Any]:
+def workload_container(*, items: int = 3, gate: bool = False) -> dict[str, Any]:
+    """The e2e workload; `gate`: it stalls after its first item until the test opens the
+    gate for its Job (`UserPath.open_gate`)."""
+    args = ["--run-dir", contract.RUN_DIR, "--job", "$(JOB_NAME)", "--items", str(items)]
     return {
         "name": WORKLOAD_CONTAINER,
         "image": WORKLOAD_IMAGE,
         "imagePullPolicy": "Never",
-        "args": ["--run-dir", contract.RUN_DIR, "--job", "$(JOB_NAME)", "--items", str(items)],
+        "args": [*args, "--gate"] if gate else args,
         "env": [
             {"name": "JOB_NAME", "valueFrom": {"fieldRef": {
                 "fieldPath": f"metadata.labels['{contract.LABEL_JOB_NAME}']"}}},
