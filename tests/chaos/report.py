@@ -39,7 +39,7 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
             "refused_and_stopped": sum(a.exit_code == 76 for a in attempts),
         },
         "faults": {kind: state.faults[kind] for kind in (*FAULT_KINDS, "stall", "pooled_stall")},
-        "pooler": chaos.pooler_figures,
+        "pooler": {**chaos.pooler_figures, "attempts": pooled_attempts(attempts, state.pooled_locks)},
         "network_faults": network_figures(state.attempts),
         "network_lanes_done_after_seconds": state.lane_seconds,
         "duplicates": found.figures.get("duplicates"),
@@ -50,6 +50,17 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
         },
         "burst_contenders": state.plan.burst_processes + state.plan.burst_connections,
         **{k: v for k, v in found.figures.items() if k not in ("duplicates", "stale_writes_refused")},
+    }
+
+
+def pooled_attempts(attempts: list[Attempt], pooled_locks: dict[str, str]) -> dict[str, int]:
+    """The pooled lane's contenders (final clean runs included): all of them went through the pooler."""
+    pooled = [a for a in attempts if a.lock in pooled_locks]
+    return {
+        "contenders": len(pooled),
+        "answered": sum(a.answered for a in pooled),
+        "won": sum(a.acquired for a in pooled),
+        "refused_and_stopped": sum(a.exit_code == 76 for a in pooled),
     }
 
 
