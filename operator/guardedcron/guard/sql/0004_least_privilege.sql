@@ -47,13 +47,17 @@ END
 $$;
 
 -- Raise GC003 unless the session's role may use p_lock. The message names the lock and
--- the role, never anything of the connection.
+-- the role, never anything of the connection. Cheapest answers first: the owner's
+-- shortcut, then the role's own grants (the primary key's index: a handful of rows
+-- however many tenants there are), then grants of roles it inherits (a scan).
 CREATE FUNCTION guardedcron._require_grant(p_lock text) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, guardedcron, pg_temp AS $$
 BEGIN
     IF p_lock IS NOT NULL AND (
         pg_has_role(session_user,
                     (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'guardedcron'), 'USAGE')
+        OR EXISTS (SELECT 1 FROM guardedcron.lock_grants g
+                    WHERE g.role = session_user::text::regrole::oid AND starts_with(p_lock, g.prefix))
         OR EXISTS (SELECT 1 FROM guardedcron.lock_grants g
                     WHERE starts_with(p_lock, g.prefix)
                       AND pg_has_role(session_user, g.role, 'USAGE'))) THEN
