@@ -3,6 +3,7 @@ a GuardedCronJob, and its runs as pods of the kubelet, the guard from the same i
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from collections.abc import Iterator
@@ -23,9 +24,14 @@ from tests.node.user_path import (
     guarded_cronjob,
     install_chart,
     prepare_database,
+    previous_chart,
     wait_for,
     workload_container,
 )
+
+# The last chart that landed before lock names changed the CRD (spec.lease.sharedLock).
+PREVIOUS_CHART = "9217f81"
+UPGRADED_NAMESPACE = "team-upgrade"
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(NODE_TEST_TIMEOUT_SECONDS)]
 
@@ -43,6 +49,12 @@ def user_path(
         path = UserPath(node_cluster, db, node_image)
         path.kubectl("create", "namespace", SYSTEM_NAMESPACE)
         path.kubectl("label", "namespace", SYSTEM_NAMESPACE, RESTRICTED)
+        # The upgrade path first: the previous chart, one object, then this chart over it
+        # (test_helm_upgrade_from_the_previous_chart_keeps_objects_and_serves_new_fields).
+        install_chart(path, previous_chart(PREVIOUS_CHART, tmp_path_factory.mktemp("previous")))
+        path.team_namespace(UPGRADED_NAMESPACE)
+        path.apply(guarded_cronjob("before-upgrade", UPGRADED_NAMESPACE))
+        path.wait_cronjob(UPGRADED_NAMESPACE, "before-upgrade")
         install_chart(path)
         yield path
 
@@ -68,6 +80,21 @@ def test_the_operator_runs_as_a_restricted_pod_and_serves_metrics(user_path: Use
     assert "guardedcron_" in metrics, metrics[:500]
     logs = user_path.operator_logs()
     assert "forbidden" not in logs.lower(), logs[-3000:]
+
+
+def test_helm_upgrade_from_the_previous_chart_keeps_objects_and_serves_new_fields(
+    user_path: UserPath,
+) -> None:
+    cronjob = user_path.wait_cronjob(UPGRADED_NAMESPACE, "before-upgrade")
+    assert cronjob["metadata"]["ownerReferences"][0]["name"] == "before-upgrade"
+    assert user_path.gcj_status(UPGRADED_NAMESPACE, "before-upgrade"), "status was lost"
+    explained = user_path.kubectl("explain", f"{contract.PLURAL}.spec.lease.sharedLock").stdout
+    assert "sharedLock" in explained, explained
+    # The upgraded operator keeps serving the object made before the upgrade: a run of it.
+    job = f"before-upgrade-{int(time.time() // 60) - 4}"
+    user_path.kubectl("create", "job", "--from=cronjob/before-upgrade", job, "-n", UPGRADED_NAMESPACE)
+    user_path.wait_job_finished(UPGRADED_NAMESPACE, job)
+    user_path.wait_last_run(UPGRADED_NAMESPACE, "before-upgrade", job, "Succeeded")
 
 
 def test_a_run_on_the_node_takes_the_lease_and_writes_fenced_rows(user_path: UserPath) -> None:
@@ -204,3 +231,41 @@ def test_an_unreachable_database_is_a_guard_error_in_status_events_and_metrics(
     metrics = user_path.metrics()
     assert any(line.startswith("guardedcron_runs_total{") and 'outcome="guard_error"' in line
                and f'namespace="{namespace}"' in line for line in metrics.splitlines()), metrics[-2000:]
+
+
+# kopf's peering lifetime (60 s): a peer that vanished without saying goodbye counts as
+# gone when its record is that old; the standby resumes on its next check after that.
+PEERING_LIFETIME_SECONDS = 60
+TAKEOVER_BOUND_SECONDS = PEERING_LIFETIME_SECONDS + 60
+
+
+def test_a_standby_operator_takes_over_when_the_active_one_is_killed(user_path: UserPath) -> None:
+    """Last in this module: it leaves the release with two peered replicas."""
+    install_chart(user_path, replicaCount=2, peering={"enabled": True})
+    pods = wait_for("two operator pods are Ready", lambda: [
+        p for p in user_path.operator_pods()
+        if not p["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+    ] if len(user_path.operator_pods()) == 2 else None, timeout=240)  # fmt: skip
+    assert len(pods) == 2
+    # Peering priority is the pod's IPv4 address as an integer: the highest serves.
+    active = max(pods, key=lambda p: ipaddress.ip_address(p["status"]["podIP"]))
+    namespace = user_path.team_namespace("team-ha")
+    user_path.apply(guarded_cronjob("ha", namespace, lease={"heartbeat": True}))
+    user_path.wait_cronjob(namespace, "ha")
+
+    # Killed, not stopped: no grace, so it cannot leave the peering object in good order.
+    killed_at = time.monotonic()
+    user_path.kubectl("delete", "pod", active["metadata"]["name"], "-n", SYSTEM_NAMESPACE,
+                      "--grace-period=0", "--force")  # fmt: skip
+    job = f"ha-{int(time.time() // 60) - 6}"
+    user_path.kubectl("create", "job", "--from=cronjob/ha", job, "-n", namespace)
+    user_path.wait_job_finished(namespace, job)
+    user_path.wait_last_run(namespace, "ha", job, "Succeeded", timeout=TAKEOVER_BOUND_SECONDS)
+    took = time.monotonic() - killed_at
+    print(f"status updated by the standby {took:.0f} s after the active operator was killed")
+    rows = user_path.query("SELECT dedupe_key, count(*) FROM e2e_work WHERE lock = %s GROUP BY 1",
+                           (f"{namespace}/ha",))  # fmt: skip
+    assert rows and all(count == 1 for _, count in rows), rows
+    logs = user_path.operator_logs()
+    assert "forbidden" not in logs.lower(), logs[-3000:]

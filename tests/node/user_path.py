@@ -181,14 +181,24 @@ class UserPath:
         return pod
 
 
-def install_chart(path: UserPath) -> None:
+def install_chart(path: UserPath, chart: Path = CHART, **more_values: Any) -> None:
+    """`helm upgrade --install` of `chart` with the built image (the README's install path)."""
     repository, _, tag = path.image.tag.rpartition(":")
     values = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-              "guard": {"imagePullPolicy": "Never"}, "stopWorkload": {"enabled": True}}  # fmt: skip
-    result = helm(["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NAMESPACE,
+              "guard": {"imagePullPolicy": "Never"}, "stopWorkload": {"enabled": True},
+              **more_values}  # fmt: skip
+    result = helm(["upgrade", "--install", RELEASE, str(chart), "--namespace", SYSTEM_NAMESPACE,
                    "--reset-values", "--wait", "--timeout", "4m",
                    "--kubeconfig", str(path.cluster.plane.kubeconfig)], values)  # fmt: skip
     assert result.code == 0, result.stderr
+
+
+def previous_chart(commit: str, into: Path) -> Path:
+    """The chart (and the CRD it links to) as it was at `commit`, from git."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "charts/guardedcron", "crds"],
+                             capture_output=True, timeout=60, check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, timeout=60, check=True)
+    return into / "charts" / "guardedcron"
 
 
 def build_workload_image(engine: DockerEngine, base: str, context: Path) -> str:
