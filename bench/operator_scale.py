@@ -1,52 +1,62 @@
-"""The operator at scale against the API emulator: 1,000 GuardedCronJobs.
+"""The operator at scale: N GuardedCronJobs on a real API server (or the emulator).
 
-Measures, for `guardedcron operator` running as its own process (as in the pod):
+Measures, for `guardedcron operator` running as its own process through a kubeconfig
+(as in the pod, cluster-wide):
 - time from operator start to every CronJob applied, and to every status Ready;
-- API requests per GuardedCronJob while creating them (reads and writes apart);
+- API requests while creating them (reads and writes apart, by verb and resource);
 - the same on a restart over up-to-date objects (an idle resync; target: 0 writes);
-- the operator's resident memory with every object known (target: at most 150 MiB).
+- the operator's CPU (first start; restart) per object, and its resident memory.
 
-The emulator (tests/support/emulator.py: kmock with server-side apply and the
-server-owned metadata) runs in this process; the operator reaches it through a
-kubeconfig, as it would reach a cluster. Usage, from the repository root:
+By default the objects live on a real control plane (etcd, kube-apiserver and
+kube-controller-manager from guardedcron_devenv, started here and stopped at the end);
+`--api emulator` uses the kmock emulator instead. Usage, from the repository root:
 
-    .venv/bin/python bench/operator_scale.py [--objects 1000] [--namespaces 10]
+    nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1000 --namespaces 10
+    .venv/bin/python bench/operator_scale.py --api emulator --objects 1000
+    .venv/bin/python bench/operator_scale.py --objects 1000 --profile /tmp/prof   # cProfile
+    nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1000 --code 4c0f2a1  # older code
+
+With `--profile DIR` the operator runs under cProfile and writes DIR/first.prof and
+DIR/restart.prof (CPU figures then include the profiler's own cost). With `--code COMMIT`
+the operator runs that commit's operator/ folder (taken with git archive), for a
+before/after on the same control plane set-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import kmock  # noqa: E402
-import kopf  # noqa: E402
-from tests.support.emulator import GuardedEmulator  # noqa: E402
 from tests.support.gcj import base_gcj  # noqa: E402
 
-from bench.common import cpu_seconds, rss_mib  # noqa: E402
-from guardedcron.kube import GUARDED_CRONJOBS, KubeClient  # noqa: E402
+from bench.common import Tree, cpu_seconds, rss_mib, trees  # noqa: E402
+from bench.scale_targets import Emulator, RealApiServer, Target, split  # noqa: E402
+from guardedcron_devenv.controlplane import ControlPlane  # noqa: E402
 
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
-READS = ("GET",)
-MIB = 1024 * 1024
+RESUMED = "Resuming is processed"
+SETTLE_SECONDS = 3.0  # after the last object: late writes would show in the counts
 
 
 def gcj(index: int, namespaces: int) -> dict[str, Any]:
+    """A GuardedCronJob whose schedule fires on the 1st of January only: no runs start
+    during the benchmark, so every write counted is a reconcile's, not a run's."""
     obj = base_gcj()
-    obj["metadata"] = {"name": f"job-{index:04d}", "namespace": f"team-{index % namespaces:02d}"}
-    obj["spec"]["schedule"] = f"{index % 60} {index % 24} * * *"
+    obj["metadata"] = {"name": f"job-{index:05d}", "namespace": f"team-{index % namespaces:02d}"}
+    obj["spec"]["schedule"] = f"{index % 60} {index % 24} 1 1 *"
     return obj
 
 
@@ -55,151 +65,138 @@ async def wait_for(check: Callable[[], bool], what: str, phase_seconds: float) -
     while not check():
         if time.monotonic() - started > phase_seconds:
             raise SystemExit(f"timed out after {phase_seconds:.0f} s waiting for {what}")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
     return time.monotonic() - started
 
 
-def count(api: GuardedEmulator, since: int, objects: int) -> dict[str, float]:
-    requests = api.requests_list()[since:]
-    reads = [r for r in requests if r.method.value in READS]
-    writes = api.writes(since)
-    return {
-        "requests": len(requests),
-        "reads": len(reads),
-        "writes": len(writes),
-        "reads_per_object": len(reads) / objects,
-        "writes_per_object": len(writes) / objects,
-    }
+class Operator:
+    """`guardedcron operator --standalone` as a child process, its log in a file."""
+
+    def __init__(self, kubeconfig: Path, log: Path, profile: Path | None,
+                 code: Tree | None) -> None:
+        self.log = log
+        base = code.env() if code is not None else dict(os.environ)
+        self.env = {**base, "KUBECONFIG": str(kubeconfig), "GUARDEDCRON_METRICS_PORT": "0",
+                    "GUARDEDCRON_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info")}
+        self.command = [GUARDEDCRON, "operator", "--standalone"]
+        if profile is not None or code is not None:
+            self.command = [sys.executable, "-m", "guardedcron", "operator", "--standalone"]
+        if profile is not None:
+            self.command = [sys.executable, "-m", "cProfile", "-o", str(profile),
+                            "-m", "guardedcron", "operator", "--standalone"]
+
+    async def __aenter__(self) -> Operator:
+        with self.log.open("w") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command, env=self.env, stdout=asyncio.subprocess.DEVNULL, stderr=log)
+        self.started = time.monotonic()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), 120)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+    def resumed(self) -> int:
+        return self.log.read_text(errors="replace").count(RESUMED)
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.process.pid)
+
+    def rss(self) -> tuple[float, float]:
+        return rss_mib(self.process.pid)
 
 
-async def main(objects: int, namespaces: int, phase_seconds: float) -> dict[str, Any]:
-    running: list[asyncio.subprocess.Process] = []
-    try:
-        return await measure(objects, namespaces, phase_seconds, running)
-    finally:
-        for process in running:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+async def measure(target: Target, objects: int, namespaces: int, phase_seconds: float,
+                  workdir: Path, profile: Path | None, code: Tree | None) -> dict[str, Any]:
+    await target.seed([gcj(i, namespaces) for i in range(objects)])
 
+    def profile_file(name: str) -> Path | None:
+        return None if profile is None else profile / f"{name}.prof"
 
-async def measure(
-    objects: int, namespaces: int, phase_seconds: float, running: list[asyncio.subprocess.Process]
-) -> dict[str, Any]:
-    async with GuardedEmulator() as api, kmock.Server(api):
-        api.declare_resources()
-        url = str(api.url).rstrip("/")
-        seed = KubeClient(kopf.ConnectionInfo(server=url))
-        for index in range(objects):
-            body = gcj(index, namespaces)
-            await seed.create(GUARDED_CRONJOBS, body["metadata"]["namespace"], body)
-        await seed.close()
+    # --- first start: every object is new
+    before = await target.tally()
+    async with Operator(target.kubeconfig, workdir / "first.log", profile_file("first"),
+                        code) as op:
+        applied_s = await wait_for(lambda: target.applied() >= objects, "every CronJob applied",
+                                   phase_seconds)
+        ready_s = applied_s + await wait_for(lambda: target.ready() >= objects, "every status Ready",
+                                             phase_seconds)
+        cpu_first = op.cpu()
+        await asyncio.sleep(SETTLE_SECONDS)
+        create = split(await target.tally() - before, objects)
+        rss, peak = op.rss()
 
-        workdir = Path(tempfile.mkdtemp(prefix="guardedcron-bench-"))
-        kubeconfig = workdir / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "emulator",
-                    "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-                    "users": [{"name": "bench", "user": {"token": "bench"}}],
-                    "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "bench"}}],
-                }
-            )
-        )
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(kubeconfig),
-            "GUARDEDCRON_METRICS_PORT": "0",
-            "GUARDEDCRON_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info"),
-        }
-
-        def ready_count() -> int:
-            return sum(
-                1
-                for key, obj in api.objects.items()
-                if key[0].plural == "guardedcronjobs"
-                and not obj.deleted
-                and any(
-                    c["type"] == "Ready" and c["status"] == "True"
-                    for c in obj.get("status", {}).get("conditions", ())
-                )
-            )
-
-        def cronjob_count() -> int:
-            return sum(
-                1 for key, obj in api.objects.items() if key[0].plural == "cronjobs" and not obj.deleted
-            )
-
-        async def start(log: Path) -> asyncio.subprocess.Process:
-            return await asyncio.create_subprocess_exec(
-                GUARDEDCRON,
-                "operator",
-                "--standalone",
-                env=env,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=log.open("w"),
-            )
-
-        async def stop(process: asyncio.subprocess.Process) -> None:
-            process.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(process.wait(), 60)
-
-        # --- first start: every object is new
-        since = len(api.requests_list())
-        first_log = workdir / "first.log"
-        process = await start(first_log)
-        running.append(process)
-        applied_s = await wait_for(lambda: cronjob_count() >= objects, "every CronJob applied", phase_seconds)
-        ready_s = await wait_for(lambda: ready_count() >= objects, "every status Ready", phase_seconds)
-        await asyncio.sleep(2)  # settle: late writes would show in the counts
-        create = count(api, since, objects)
-        rss, peak = rss_mib(process.pid)
-        cpu_first = cpu_seconds(process.pid)
-        await stop(process)
-
-        # --- restart over up-to-date objects: an idle resync
-        since = len(api.requests_list())
-        second_log = workdir / "second.log"
-        process = await start(second_log)
-        running.append(process)
-        restart_started = time.monotonic()
-        await wait_for(
-            lambda: second_log.read_text().count("Resuming is processed") >= objects,
-            "every object resumed",
-            phase_seconds,
-        )
-        resumed_s = time.monotonic() - restart_started
-        await asyncio.sleep(3)
-        idle = count(api, since, objects)
-        idle_rss, idle_peak = rss_mib(process.pid)
-        cpu_restart = cpu_seconds(process.pid)
-        await stop(process)
+    # --- restart over up-to-date objects: an idle resync
+    before = await target.tally()
+    async with Operator(target.kubeconfig, workdir / "restart.log", profile_file("restart"),
+                        code) as op:
+        resumed_s = await wait_for(lambda: op.resumed() >= objects, "every object resumed",
+                                   phase_seconds)
+        cpu_restart = op.cpu()
+        await asyncio.sleep(SETTLE_SECONDS)
+        idle = split(await target.tally() - before, objects)
+        idle_rss, idle_peak = op.rss()
 
     return {
         "objects": objects,
         "namespaces": namespaces,
         "start_to_all_cronjobs_applied_s": round(applied_s, 1),
-        "start_to_all_ready_s": round(applied_s + ready_s, 1),
-        "create": create,
+        "start_to_all_ready_s": round(ready_s, 1),
         "operator_cpu_s_first_start": round(cpu_first, 1),
+        "operator_cpu_ms_per_object_first_start": round(cpu_first * 1000 / objects, 1),
+        "create": create,
         "rss_mib_at_all_objects": round(rss, 1),
         "rss_peak_mib": round(peak, 1),
         "restart_to_all_resumed_s": round(resumed_s, 1),
-        "idle_resync": idle,
+        "operator_cpu_s_restart": round(cpu_restart, 1),
+        "operator_cpu_ms_per_object_restart": round(cpu_restart * 1000 / objects, 1),
+        "idle_restart": idle,
         "rss_mib_after_restart": round(idle_rss, 1),
         "rss_peak_mib_after_restart": round(idle_peak, 1),
-        "operator_cpu_s_restart": round(cpu_restart, 1),
         "load_average_1m_at_end": os.getloadavg()[0],
+        "logs": str(workdir),
     }
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+@contextlib.contextmanager
+def control_plane(keep_logs: Path) -> Iterator[ControlPlane]:
+    with ControlPlane(name="bench-scale", logs_dir=keep_logs,
+                      progress=lambda line: print(line, file=sys.stderr)) as plane:
+        yield plane
+
+
+async def run(options: argparse.Namespace, workdir: Path, code: Tree | None) -> dict[str, Any]:
+    args = (options.objects, options.namespaces, options.timeout, workdir, options.profile, code)
+    if options.api == "emulator":
+        async with Emulator(workdir) as emulator:
+            return {"api": "emulator", **await measure(emulator, *args)}
+    with control_plane(workdir / "controlplane") as plane:
+        async with RealApiServer(plane) as api:
+            return {"api": "kube-apiserver", **await measure(api, *args)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--api", choices=("real", "emulator"), default="real")
     parser.add_argument("--objects", type=int, default=1000)
     parser.add_argument("--namespaces", type=int, default=10)
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per phase")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
+    parser.add_argument("--profile", type=Path, help="run the operator under cProfile, files here")
+    parser.add_argument("--code", help="run this commit's operator code instead of the working tree's")
     options = parser.parse_args()
-    print(json.dumps(asyncio.run(main(options.objects, options.namespaces, options.timeout)), indent=2))
+    workdir = Path(tempfile.mkdtemp(prefix="guardedcron-bench-scale-"))
+    if options.profile is not None:
+        options.profile.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        code = stack.enter_context(trees(options.code))[0] if options.code else None
+        result = asyncio.run(run(options, workdir, code))
+    print(json.dumps({**result, "code": options.code or "working tree"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

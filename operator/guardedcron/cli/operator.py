@@ -89,6 +89,7 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
     """Run kopf with guardedcron's handlers until stopped (SIGTERM, or `stop_flag`)."""
     import kopf
 
+    from guardedcron.handlers import kopf_startup
     from guardedcron.handlers.context import OperatorContext
     from guardedcron.handlers.registry import build_registry
     from guardedcron.kube import KubeClient
@@ -97,6 +98,7 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
     context = OperatorContext(client=KubeClient(), settings=settings)
     server = (await start_metrics_server(settings.metrics_port, context.metrics.registry)
               if settings.metrics_port else None)
+    kopf_startup.install()  # before kopf builds its toggle sets: a start-up linear in objects
     try:
         await kopf.operator(
             registry=build_registry(context),
