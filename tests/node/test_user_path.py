@@ -205,20 +205,21 @@ def test_a_lease_taken_over_mid_run_is_lost_and_the_operator_stops_the_pod(user_
     assert user_path.query("SELECT count(*) FROM e2e_work WHERE job = %s", (job,)) == [(1,)]
 
 
-def test_an_unreachable_database_is_a_guard_error_in_status_events_and_metrics(
-    user_path: UserPath,
-) -> None:
+def test_an_unreachable_database_is_a_guard_error_and_a_missed_run(user_path: UserPath) -> None:
+    """The CronJob controller fires the slot itself; the guard cannot reach the database."""
     namespace = user_path.team_namespace("team-nodb")
     gateway = user_path.cluster.network.gateway
     # Nothing listens on port 9 of the bridge address: connection refused at once.
     user_path.kubectl("create", "secret", "generic", "nowhere", "-n", namespace,
                       f"--from-literal=dsn=postgresql://nobody:secret@{gateway}:9/none")  # fmt: skip
     manifest = guarded_cronjob("nodb", namespace)
+    manifest["spec"].update(schedule="* * * * *", startingDeadlineSeconds=10, missedRunToleranceSeconds=0)
     manifest["spec"]["lease"]["databaseSecretRef"] = {"name": "nowhere"}
     user_path.apply(manifest)
     user_path.wait_cronjob(namespace, "nodb")
-    job = f"nodb-{int(time.time() // 60) - 2}"
-    user_path.kubectl("create", "job", "--from=cronjob/nodb", job, "-n", namespace)
+    job = wait_for("the CronJob controller fires a slot", lambda: next(
+        (j["metadata"]["name"] for j in user_path.get("jobs", "-n", namespace)["items"]), None),
+        timeout=100)  # fmt: skip
     failed_job = user_path.wait_job_finished(namespace, job)
     [failed] = [c for c in failed_job["status"]["conditions"] if c["type"] == "Failed"]
     assert failed["reason"] == "PodFailurePolicy", failed
@@ -228,9 +229,22 @@ def test_an_unreachable_database_is_a_guard_error_in_status_events_and_metrics(
     assert "secret" not in guard.get("message", ""), "the DSN's password leaked into the message"
     user_path.wait_last_run(namespace, "nodb", job, "GuardError")
     assert user_path.events(namespace, "GuardError"), "no GuardError Event"
-    metrics = user_path.metrics()
+
+    def missed_run() -> dict[str, Any] | None:
+        conditions = user_path.gcj_status(namespace, "nodb").get("conditions") or []
+        return next((c for c in conditions if c["type"] == "MissedRun" and c["status"] == "True"), None)
+
+    condition = wait_for("the MissedRun condition says the slot's work never ran", missed_run, timeout=60)
+    assert condition["reason"] == "GuardError", condition
+    assert user_path.events(namespace, "MissedRun"), "no MissedRun Event"
+    metrics = user_path.metrics().splitlines()
+    labelled = f'name="nodb",namespace="{namespace}"'
     assert any(line.startswith("guardedcron_runs_total{") and 'outcome="guard_error"' in line
-               and f'namespace="{namespace}"' in line for line in metrics.splitlines()), metrics[-2000:]
+               and labelled in line for line in metrics), metrics[-40:]
+    assert any(line.startswith("guardedcron_missed_runs_total{") and labelled in line
+               and not line.endswith(" 0.0") for line in metrics), metrics[-40:]
+    user_path.kubectl("patch", f"{contract.PLURAL}.{contract.API_GROUP}", "nodb", "-n", namespace,
+                      "--type=merge", "-p", '{"spec": {"suspend": true}}')  # fmt: skip
 
 
 # kopf's peering lifetime (60 s): a peer that vanished without saying goodbye counts as

@@ -93,7 +93,9 @@ async def test_metrics_follow_transitions_and_ignore_resyncs(served: tuple[Metri
     assert value(samples, runs_total, **LABELS, outcome="skipped") == 1
     assert value(samples, runs_total, **LABELS, outcome="guard_error") == 1
     assert value(samples, runs_total, **LABELS, outcome="failed") is None
-    assert value(samples, "guardedcron_missed_runs_total", **LABELS) == 1
+    # Two missed slots: 12 May's, whose only run ended GuardError (its work never ran), and
+    # 13 May's, which had no Job at all.
+    assert value(samples, "guardedcron_missed_runs_total", **LABELS) == 2
     assert value(samples, "guardedcron_overlaps_total", **LABELS) is None
     success_end = slot(10) + timedelta(minutes=10)
     assert value(samples, "guardedcron_last_success_timestamp_seconds", **LABELS) == success_end.timestamp()

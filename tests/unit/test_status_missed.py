@@ -118,6 +118,29 @@ def test_the_cronjobs_last_schedule_time_covers_a_job_already_deleted() -> None:
                            now=now) == missed(spec, slot)
 
 
+def test_a_slot_whose_runs_all_ended_guard_error_is_missed() -> None:
+    """The Job ran but the guard could not decide (database down): the work never ran."""
+    spec = parsed("0 0 * * *", None)
+    slot, now = z("2025-06-02T00:00:00"), z("2025-06-02T06:00:00")
+    minute = k.minute_of(slot)
+    errored = RunRecord(job=f"{k.CRONJOB}-{minute}", outcome=Outcome.GUARD_ERROR,
+                        reason="database unreachable", slot=minute, scheduled_at=slot,
+                        finished_at=slot + timedelta(seconds=5))  # fmt: skip
+    got = find_missed_run(spec, jobs=[errored], last_schedule_time=slot, created_at=LONG_AGO, now=now)
+    assert got == MissedRun(scheduled_at=slot, slot=minute, job_name=errored.job,
+                            deadline=slot + timedelta(minutes=11), guard_error="database unreachable")
+    # A second run of the same slot that got to its work: the slot ran.
+    retried = RunRecord(job=f"{k.CRONJOB}-{minute}", outcome=Outcome.SUCCEEDED, reason="workload completed",
+                        slot=minute, scheduled_at=slot, finished_at=slot + timedelta(minutes=1))
+    assert find_missed_run(spec, jobs=[errored, retried], last_schedule_time=slot, created_at=LONG_AGO,
+                           now=now) is None
+    # A manual run that errored fills no slot either way.
+    manual = RunRecord(job="manual-1", outcome=Outcome.GUARD_ERROR, reason="x", manual=True,
+                       finished_at=slot)
+    assert find_missed_run(spec, jobs=[manual], last_schedule_time=None, created_at=LONG_AGO,
+                           now=now) == missed(spec, slot)
+
+
 def test_no_slot_before_the_guardedcronjob_existed() -> None:
     spec = parsed("0 0 * * *", None)
     slot, now = z("2025-06-02T00:00:00"), z("2025-06-02T06:00:00")

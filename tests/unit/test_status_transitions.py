@@ -69,7 +69,14 @@ def test_a_run_first_seen_finished_gets_only_its_outcome(runs: Runs) -> None:
 def test_each_outcome_has_its_warning(runs: Runs, make: Any, reason: EventReason) -> None:
     passes = Passes()
     passes.step([runs.running(slot(10), 4)])
-    assert passes.step([make(runs)], minutes=70) == [(reason, job_name(10))]
+    events = passes.step([make(runs)], minutes=70)
+    assert events[0] == (reason, job_name(10))
+    if reason is EventReason.GUARD_ERROR:
+        # Past its deadline, a slot whose only run could not decide is a missed run too.
+        [(missed, message)] = events[1:]
+        assert missed is EventReason.MISSED_RUN and "never started its work" in message
+    else:
+        assert events[1:] == []
     assert passes.step([make(runs)]) == []
     assert compute_change([make(runs)], None, passes.now, gcj=GCJ).events[0].warning
 

@@ -245,6 +245,10 @@ def _missed(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[
     )
     if missed is None:
         return cond.MISSED_RUN, "False", "NoMissedRun", "the latest due slot has a run"
+    if missed.guard_error is not None:
+        return (cond.MISSED_RUN, "True", "GuardError",
+                f"the run for the slot at {format_time(missed.scheduled_at)} (Job {missed.job_name}) "
+                f"never started its work: the guard could not decide ({missed.guard_error})")
     return (cond.MISSED_RUN, "True", "SlotMissed",
             f"no run for the slot at {format_time(missed.scheduled_at)} (Job {missed.job_name} was "
             f"never created); it was due by {format_time(missed.deadline)}")

@@ -6,9 +6,10 @@ still going) or gave up after `startingDeadlineSeconds` is caught all the same.
 
 Only the latest slot whose deadline has passed is looked at: `MissedRun` says "the
 run that should have started most recently did not", and clears once a later slot
-runs. Slots are the schedule's fire times in its time zone (DST handled by
-`guardedcron.schedule`), strictly after the GuardedCronJob was created, as the
-CronJob controller counts them.
+runs. A slot whose every run ended `GuardError` is missed too: its Job started, but the
+guard could not decide (a database down, say), so the work never ran. Slots are the
+schedule's fire times in its time zone (DST handled by `guardedcron.schedule`), strictly
+after the GuardedCronJob was created, as the CronJob controller counts them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from guardedcron.spec import ParsedSpec
-from guardedcron.status.runs import RunRecord, is_manual, scheduled_slot
+from guardedcron.status.runs import Outcome, RunRecord, is_manual, scheduled_slot
 from guardedcron.status.times import epoch_minute
 
 
@@ -29,6 +30,7 @@ class MissedRun:
     slot: int  # minutes since the epoch
     job_name: str  # the name the CronJob controller would have given its Job
     deadline: datetime  # slot + startingDeadlineSeconds + missedRunToleranceSeconds
+    guard_error: str | None = None  # the guard's reason, when the slot's runs all ended GuardError
 
 
 def find_missed_run(
@@ -39,12 +41,13 @@ def find_missed_run(
     created_at: datetime,
     now: datetime,
 ) -> MissedRun | None:
-    """The latest slot past its deadline without a Job, or None.
+    """The latest slot past its deadline without a run that got to its work, or None.
 
     `jobs` are the runs known for this GuardedCronJob: live Job objects and/or records
     (status.recentRuns keeps runs whose Jobs the history limits deleted). A slot counts
-    as run when a scheduled (not manual) Job or record carries it, or when the
-    CronJob's `lastScheduleTime` is that slot.
+    as run when a scheduled (not manual) Job or record carries it that did not end
+    GuardError, or, with no run known for it, when the CronJob's `lastScheduleTime` is
+    that slot.
     """
     spec = parsed.spec
     if spec.suspend:
@@ -54,29 +57,25 @@ def find_missed_run(
     if slot_time is None or slot_time <= created_at:
         return None
     slot = epoch_minute(slot_time)
-    if last_schedule_time is not None and epoch_minute(last_schedule_time) == slot:
+    runs = [job for job in jobs if _scheduled_slot_of(job) == slot]
+    errored = [r for r in runs if isinstance(r, RunRecord) and r.final and r.outcome is Outcome.GUARD_ERROR]
+    if runs and len(errored) < len(runs):
         return None
-    if slot in scheduled_slots(jobs):
+    if not runs and last_schedule_time is not None and epoch_minute(last_schedule_time) == slot:
         return None
     return MissedRun(
         scheduled_at=slot_time,
         slot=slot,
-        job_name=f"{parsed.name}-{slot}",
+        job_name=errored[-1].job if errored else f"{parsed.name}-{slot}",
         deadline=slot_time + grace,
+        guard_error=errored[-1].reason if errored else None,
     )
 
 
-def scheduled_slots(jobs: Iterable[RunRecord | Mapping[str, Any]]) -> set[int]:
-    """Slots that have a scheduled run; manual runs fill no slot."""
-    slots: set[int] = set()
-    for job in jobs:
-        if isinstance(job, RunRecord):
-            slot = None if job.manual else job.slot
-        else:
-            slot = None if is_manual(job) else scheduled_slot(job)
-        if slot is not None:
-            slots.add(slot)
-    return slots
+def _scheduled_slot_of(job: RunRecord | Mapping[str, Any]) -> int | None:
+    if isinstance(job, RunRecord):
+        return None if job.manual else job.slot
+    return None if is_manual(job) else scheduled_slot(job)
 
 
 def schedule_period_seconds(parsed: ParsedSpec, now: datetime) -> float | None:
