@@ -12,6 +12,7 @@ objects it reads.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,13 +27,15 @@ Body = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """An indexed object as compact JSON."""
+    """An indexed object as compact JSON, and when kopf indexed this version of it
+    (`time.monotonic()`): a pass that started later has seen it."""
 
     text: bytes
+    indexed_at: float
 
     @classmethod
     def of(cls, body: Body) -> Packed:
-        return cls(json.dumps(body, separators=(",", ":")).encode())
+        return cls(json.dumps(body, separators=(",", ":")).encode(), time.monotonic())
 
     def unpack(self) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self.text)
@@ -104,6 +107,12 @@ def lookup(index: Index, key: Key) -> Body | None:
     store = index.get(key)
     packed = next(iter(store), None) if store is not None else None
     return packed.unpack() if packed is not None else None
+
+
+def newest_indexed_at(index: Index, key: Key) -> float | None:
+    """When the newest of the objects indexed under `key` was indexed; None if none is."""
+    store = index.get(key)
+    return max((packed.indexed_at for packed in store), default=None) if store is not None else None
 
 
 def gcj_key(body: Body) -> Key:

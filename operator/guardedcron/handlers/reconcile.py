@@ -36,6 +36,7 @@ from guardedcron.handlers.observe import (
     Observed,
     gcj_key,
     lookup,
+    newest_indexed_at,
     observe,
     owner_key,
     trimmed,
@@ -187,8 +188,11 @@ async def post_event(client: KubeClient, body: Mapping[str, Any], logger: Logger
 async def run_pass(gather: Callable[[], Observed], *, uid: str, context: OperatorContext,
                    logger: Logger) -> PassResult:
     """Gather and reconcile under the GuardedCronJob's lock: passes for one object from
-    different watches run one after the other, each on the latest indexed state."""
-    async with context.memory.lock(uid):
+    different watches run one after the other, each on the latest indexed state. At most
+    `context.passes` run at once; the slot is taken before the lock, always in that
+    order, so whoever holds a lock holds a slot and gets on with its pass."""
+    async with context.passes, context.memory.lock(uid):
+        context.memory.pass_starting(uid)
         observed = gather()
         namespace, name = gcj_key(observed.gcj)
         with reconcile_timer(context.metrics, namespace=namespace, name=name):
@@ -221,7 +225,7 @@ async def reconcile_guarded_cronjob(
 
 async def repair_cronjob(
     event: Mapping[str, Any], *, context: OperatorContext,
-    guarded_cronjobs: Index, jobs: Index,
+    guarded_cronjobs: Index, cronjobs: Index, jobs: Index,
     pods: Index, logger: Logger,
 ) -> None:
     """An owned CronJob was added, changed or deleted: reconcile its GuardedCronJob, which
@@ -239,6 +243,8 @@ async def repair_cronjob(
     uid = uid_of(parent)
     if not deleted and not controlled_by(cronjob, uid):
         return  # not this GuardedCronJob's CronJob; its own pass reports the clash
+    if _listed_and_seen(event.get("type"), uid, context, (cronjobs,), key):
+        return
     found = parent
     await run_pass(
         lambda: observe(lookup(guarded_cronjobs, key) or found, None if deleted else cronjob,
@@ -249,11 +255,11 @@ async def repair_cronjob(
 async def refresh_run_status(
     body: Body, *, context: OperatorContext, guarded_cronjobs: Index,
     cronjobs: Index, jobs: Index, pods: Index,
-    logger: Logger,
+    logger: Logger, event_type: str | None = "MODIFIED",
 ) -> None:
-    """A Job or Pod of a GuardedCronJob changed: recompute the run status. Only with the
-    GuardedCronJob's own CronJob in the index: a missing or foreign CronJob is the
-    GuardedCronJob's and the CronJob watch's business."""
+    """A Job or Pod of a GuardedCronJob changed (`event_type` None: it was listed):
+    recompute the run status. Only with the GuardedCronJob's own CronJob in the index:
+    a missing or foreign CronJob is the GuardedCronJob's and the CronJob watch's business."""
     key = owner_key(body)
     if key is None:
         return
@@ -262,13 +268,32 @@ async def refresh_run_status(
     if parent is None or cronjob is None or (parent.get("metadata") or {}).get("deletionTimestamp"):
         return
     uid = uid_of(parent)
-    if not controlled_by(cronjob, uid):
+    if not controlled_by(cronjob, uid) or _listed_and_seen(event_type, uid, context, (jobs, pods), key):
         return
     found = parent
     await run_pass(
         lambda: observe(lookup(guarded_cronjobs, key) or found, lookup(cronjobs, key),
                         jobs=jobs, pods=pods),
         uid=uid, context=context, logger=logger)
+
+
+def _listed_and_seen(event_type: str | None, uid: str, context: OperatorContext,
+                     indexes: tuple[Index, ...], key: Key) -> bool:
+    """A child (CronJob, Job, Pod) from a watch's listing (kopf marks listed objects with
+    no event type) that a pass of its GuardedCronJob reads, or has read, from the index:
+    a pass for the child would only repeat it. At start-up every GuardedCronJob gets its
+    own pass (kopf's resume or create) once every index is filled, so a restart over N
+    GuardedCronJobs makes N passes, not one more per listed CronJob, Job and Pod. A later
+    listing (a watch that had to start over) indexes children anew, after the last pass:
+    those still get theirs, so a child changed in the gap is seen."""
+    if event_type is not None:
+        return False
+    started = context.memory.last_pass_started(uid)
+    if started is None:
+        return True  # its first pass is still to come, and will read the index
+    # Any child indexed under the key after the pass started (this one, re-listed): pass.
+    indexed = [at for index in indexes if (at := newest_indexed_at(index, key)) is not None]
+    return bool(indexed) and max(indexed) <= started
 
 
 def forget_deleted(event: Mapping[str, Any], *, context: OperatorContext) -> None:

@@ -80,16 +80,18 @@ def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
     @kopf.on.event("batch", "v1", "cronjobs", id="repair_cronjob", labels=OWNED, registry=registry)
     async def repair_cronjob(*, event: kopf.RawEvent, logger: kopf.Logger, **kw: Any) -> None:
         await reconcile.repair_cronjob(event, context=context, guarded_cronjobs=kw["guarded_cronjobs"],
-                                       jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
+                                       cronjobs=kw["owned_cronjobs"], jobs=kw["owned_jobs"],
+                                       pods=kw["owned_pods"], logger=logger)
 
     # Runs start, end and get skipped without the CronJob changing (manual runs, failed
     # runs outside the CronJob controller's active list), so their Jobs and Pods wake a
     # pass too. The pass reads the indexes and writes status only when it changed.
     @kopf.on.event("batch", "v1", "jobs", id="observe_job", labels=OWNED, registry=registry)
     @kopf.on.event("", "v1", "pods", id="observe_pod", labels=OWNED, registry=registry)
-    async def observe_run(*, body: kopf.Body, logger: kopf.Logger, **kw: Any) -> None:
+    async def observe_run(*, body: kopf.Body, event: kopf.RawEvent, logger: kopf.Logger, **kw: Any) -> None:
         await reconcile.refresh_run_status(body, context=context, guarded_cronjobs=kw["guarded_cronjobs"],
                                            cronjobs=kw["owned_cronjobs"], jobs=kw["owned_jobs"],
-                                           pods=kw["owned_pods"], logger=logger)
+                                           pods=kw["owned_pods"], logger=logger,
+                                           event_type=event.get("type"))
 
     return registry
