@@ -102,6 +102,7 @@ class ConnectionLane:
                     event.wait()
                 stalls += stalled.is_set()
                 state.count_round(self.kind)
+        state.lane_seconds[f"{self.kind}-{lane}"] = round(time.monotonic() - state.started, 1)
         while not seats.empty():
             seats.get().close()
 

@@ -41,7 +41,7 @@ def figures(chaos: Chaos, found: Findings) -> dict[str, Any]:
         "faults": {kind: state.faults[kind] for kind in (*FAULT_KINDS, "stall", "pooled_stall")},
         "pooler": {**chaos.pooler_figures, "attempts": pooled_attempts(attempts, state.pooled_locks)},
         "network_faults": network_figures(state.attempts),
-        "network_lanes_done_after_seconds": state.lane_seconds,
+        "lanes_done_after_seconds": state.lane_seconds,  # the paced lanes: connection, pooled, network
         "duplicates": found.figures.get("duplicates"),
         "stale_writes_refused": found.figures.get("stale_writes_refused"),
         "max_loser_exit_seconds": {

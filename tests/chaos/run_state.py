@@ -73,7 +73,7 @@ class RunState:
         self.abort = threading.Event()
         self.started = 0.0
         self.server_cpu = 0.0  # of servers already restarted
-        self.lane_seconds: dict[str, float] = {}  # when each network lane met its quotas
+        self.lane_seconds: dict[str, float] = {}  # when each paced lane met its quotas
 
     # --- bookkeeping ----------------------------------------------------------------------
     def count(self, kind: str, n: int = 1) -> None:
