@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -44,7 +46,7 @@ from tests.support.gcj import base_gcj  # noqa: E402
 
 from bench.common import Tree, cpu_seconds, rss_mib, trees  # noqa: E402
 from bench.scale_targets import Emulator, RealApiServer, Target, split  # noqa: E402
-from guardedcron_devenv.controlplane import ControlPlane  # noqa: E402
+from guardedcron_devenv.controlplane import ControlPlane, free_port  # noqa: E402
 
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
 RESUMED = "Resuming is processed"
@@ -76,7 +78,9 @@ class Operator:
                  code: Tree | None) -> None:
         self.log = log
         base = code.env() if code is not None else dict(os.environ)
-        self.env = {**base, "KUBECONFIG": str(kubeconfig), "GUARDEDCRON_METRICS_PORT": "0",
+        self.metrics_port = free_port()
+        self.env = {**base, "KUBECONFIG": str(kubeconfig),
+                    "GUARDEDCRON_METRICS_PORT": str(self.metrics_port),
                     "GUARDEDCRON_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info")}
         self.command = [GUARDEDCRON, "operator", "--standalone"]
         if profile is not None or code is not None:
@@ -104,6 +108,16 @@ class Operator:
     def resumed(self) -> int:
         return self.log.read_text(errors="replace").count(RESUMED)
 
+    async def passes(self) -> int:
+        """Reconcile passes so far: the count of the operator's own duration histogram."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        async with aiohttp.ClientSession() as http, http.get(url) as answer:
+            text = await answer.text()
+        for line in text.splitlines():
+            if line.startswith("guardedcron_reconcile_duration_seconds_count"):
+                return int(float(line.split()[-1]))
+        return 0
+
     def cpu(self) -> float:
         return cpu_seconds(self.process.pid)
 
@@ -128,6 +142,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
                                              phase_seconds)
         cpu_first = op.cpu()
         await asyncio.sleep(SETTLE_SECONDS)
+        passes_first = await op.passes()
         create = split(await target.tally() - before, objects)
         rss, peak = op.rss()
 
@@ -139,6 +154,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
                                    phase_seconds)
         cpu_restart = op.cpu()
         await asyncio.sleep(SETTLE_SECONDS)
+        passes_restart = await op.passes()
         idle = split(await target.tally() - before, objects)
         idle_rss, idle_peak = op.rss()
 
@@ -149,12 +165,14 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         "start_to_all_ready_s": round(ready_s, 1),
         "operator_cpu_s_first_start": round(cpu_first, 1),
         "operator_cpu_ms_per_object_first_start": round(cpu_first * 1000 / objects, 1),
+        "passes_first_start": passes_first,
         "create": create,
         "rss_mib_at_all_objects": round(rss, 1),
         "rss_peak_mib": round(peak, 1),
         "restart_to_all_resumed_s": round(resumed_s, 1),
         "operator_cpu_s_restart": round(cpu_restart, 1),
         "operator_cpu_ms_per_object_restart": round(cpu_restart * 1000 / objects, 1),
+        "passes_restart": passes_restart,
         "idle_restart": idle,
         "rss_mib_after_restart": round(idle_rss, 1),
         "rss_peak_mib_after_restart": round(idle_peak, 1),
