@@ -222,10 +222,22 @@ def test_a_pooler_that_cannot_start_fails_at_once_with_its_reason(postgres: Thro
 def test_a_pooler_that_never_listens_is_given_up_after_the_start_bound(
     postgres: ThrowawayPostgres, tmp_path: Path
 ) -> None:
+    """Both bounds of the pooler's life cycle: the start gives up after STARTUP_TIMEOUT_S,
+    and a process that ignores SIGTERM is killed STOP_TIMEOUT_S later."""
     silent = tmp_path / "silent-pooler"
-    silent.write_text("#!/bin/sh\nexec sleep 120\n")  # runs, never opens its port
+    # Never opens its port, and ignores SIGTERM.
+    silent.write_text("#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 0.2; done\n")
     silent.chmod(0o755)
     started = time.monotonic()
     with pytest.raises(PgBouncerError, match=f"did not accept connections .* within {STARTUP_TIMEOUT_S:g} s"):
         PgBouncer(postgres.dsn(), binary=silent).__enter__()
-    assert time.monotonic() - started < STARTUP_TIMEOUT_S + STOP_TIMEOUT_S + 5  # and it was stopped
+    took = time.monotonic() - started
+    assert STARTUP_TIMEOUT_S + STOP_TIMEOUT_S <= took < STARTUP_TIMEOUT_S + STOP_TIMEOUT_S + 5  # then killed
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if str(silent).encode() in read_bytes(p)]
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""
