@@ -150,6 +150,7 @@ def test_twenty_processes_one_winner_everyone_answered_within_five_seconds(dsn: 
     print(f"slowest of 400 guard processes answered {slowest:.2f} s after its burst started")
 
 
+@pytest.mark.quiet_machine  # the seeds' one-second bound measures the database, not the suites beside it
 def test_two_hundred_connections_one_winner_every_loser_within_a_second(
     postgres: ThrowawayPostgres, dsn: str
 ) -> None:
