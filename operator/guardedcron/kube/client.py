@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,16 @@ MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 LIST_PAGE_SIZE = 500
 CONNECTIONS = 32  # to one API server; kopf's watches have their own session
+# A busy API server answers 429 (API Priority and Fairness, --max-requests-inflight)
+# before doing anything, with Retry-After: the request is sent again after that many
+# seconds (at most BUSY_WAIT_MAX_SECONDS, plus up to a second of jitter so that the
+# rejected requests do not all come back at once), at most BUSY_RETRIES times; then the
+# 429 goes to the caller (kopf retries the pass). One call waits at most
+# BUSY_RETRIES * (BUSY_WAIT_MAX_SECONDS + 1) = 110 s for a busy server.
+BUSY_RETRIES = 10
+BUSY_WAIT_MAX_SECONDS = 10.0
+BUSY_WAIT_DEFAULT_SECONDS = 1.0
+TOO_MANY_REQUESTS = 429
 
 
 class KubeClient:
@@ -42,9 +53,11 @@ class KubeClient:
         *,
         relogin: CredentialsSource | None = None,
         timeout_seconds: float = 30.0,
+        busy_retries: int = BUSY_RETRIES,
     ) -> None:
         self._info = info
         self._relogin = relogin
+        self._busy_retries = busy_retries
         # Per socket operation, not per call: at start-up a thousand passes queue for
         # the connection pool, and waiting there is no sign of a dead server.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=None,
@@ -148,6 +161,7 @@ class KubeClient:
         if content_type is not None:
             headers["Content-Type"] = content_type
         retried_login = False
+        busy = 0
         while True:
             session = await self._session_now()
             url = self._info.server.rstrip("/") + path if self._info is not None else path
@@ -156,10 +170,15 @@ class KubeClient:
                                            headers=headers) as response:
                     text = await response.text()
                     status = response.status
+                    retry_after = response.headers.get("Retry-After")
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise ApiUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
             if status < 400:
                 return json.loads(text) if text else None
+            if status == TOO_MANY_REQUESTS and busy < self._busy_retries:
+                busy += 1  # refused before it was handled: sending it again is safe
+                await asyncio.sleep(busy_wait_seconds(retry_after) + random.random())
+                continue
             error = _decode_error(status, text)
             if isinstance(error, Unauthorized) and self._relogin is not None and not retried_login:
                 # A bound service-account token rotates; read it again, once.
@@ -189,6 +208,18 @@ class KubeClient:
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=CONNECTIONS, ssl=ssl_context), headers=headers,
             timeout=self._timeout, proxy=info.proxy_url, trust_env=info.trust_env)
+
+
+def busy_wait_seconds(retry_after: str | None) -> float:
+    """Seconds a 429's Retry-After asks for (delta-seconds, as the API server sends),
+    within [0, BUSY_WAIT_MAX_SECONDS]; a missing or unreadable value waits a second."""
+    try:
+        seconds = float(retry_after) if retry_after is not None else BUSY_WAIT_DEFAULT_SECONDS
+    except ValueError:
+        seconds = BUSY_WAIT_DEFAULT_SECONDS
+    if seconds != seconds:  # NaN
+        seconds = BUSY_WAIT_DEFAULT_SECONDS
+    return min(max(seconds, 0.0), BUSY_WAIT_MAX_SECONDS)
 
 
 def _decode_error(status: int, text: str) -> ApiError:
