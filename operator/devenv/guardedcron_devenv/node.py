@@ -35,6 +35,7 @@ import yaml
 from guardedcron_devenv.binaries import NodeBinaries, Progress
 from guardedcron_devenv.controlplane import (
     ControlPlane,
+    KubectlError,
     build_client_cert_credentials,
     build_kubeconfig,
     free_port,
@@ -380,7 +381,7 @@ class RealNode:
     def _node_ready(self) -> bool:
         try:
             node = self.control_plane.kubectl_json("get", "node", self.name)
-        except Exception:  # not registered yet
+        except (KubectlError, ValueError):  # not registered yet
             return False
         conditions = node.get("status", {}).get("conditions", [])
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
