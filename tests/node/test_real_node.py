@@ -15,7 +15,7 @@ import pytest
 
 from guardedcron_devenv.binaries import NodeBinaries, Paths
 from guardedcron_devenv.controlplane import ControlPlane
-from guardedcron_devenv.node import PodNetwork, RealNode
+from guardedcron_devenv.node import PodNetwork, RealNode, network_namespaces
 from guardedcron_devenv.node_images import BUSYBOX_IMAGE, busybox_image
 from tests.node.cluster import NODE_TEST_TIMEOUT_SECONDS, NodeCluster
 
@@ -29,8 +29,9 @@ def container(name: str, script: str, **extra: Any) -> dict[str, Any]:
             "command": ["sh", "-c", script], **extra}  # fmt: skip
 
 
-def run_pod(plane: ControlPlane, tmp_path: Path, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """Create a pod and return it once it has finished (phase Succeeded or Failed)."""
+def run_pod(plane: ControlPlane, tmp_path: Path, name: str, spec: dict[str, Any],
+            until: tuple[str, ...] = ("Succeeded", "Failed")) -> dict[str, Any]:
+    """Create a pod and return it once its phase is one of `until` (default: finished)."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, **spec}}  # fmt: skip
     manifest = tmp_path / f"{name}.json"
@@ -39,9 +40,9 @@ def run_pod(plane: ControlPlane, tmp_path: Path, name: str, spec: dict[str, Any]
     deadline = time.monotonic() + POD_FINISH_SECONDS
     while True:
         live: dict[str, Any] = plane.kubectl_json("get", "pod", name, "-n", "default")
-        if live.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+        if live.get("status", {}).get("phase") in until:
             return live
-        assert time.monotonic() < deadline, f"pod {name} did not finish: {live.get('status')}"
+        assert time.monotonic() < deadline, f"pod {name} did not reach {until}: {live.get('status')}"
         time.sleep(1)
 
 
@@ -64,19 +65,24 @@ def test_a_stopped_node_leaves_no_bridge_rules_cgroups_mounts_or_folders(
         ControlPlane(plane_binaries, name="node-gone", progress=silent,
                      host_address=network.gateway) as plane,
     ):  # fmt: skip
+        netns_before = network_namespaces()
         node = RealNode(plane, network, binaries, progress=silent)
         node.start()
         workdir = node.workdir
         node.import_image(busybox_image(BUSYBOX_IMAGE, ["/bin/sh"]))
-        pod = run_pod(plane, tmp_path, "short", {"containers": [container("main", "true")]})
-        assert pod["status"]["phase"] == "Succeeded"
+        # Still running when the node stops: its sandbox (and network namespace) must go too.
+        pod = run_pod(plane, tmp_path, "left-running", {"containers": [container("main", "sleep 3600")]},
+                      until=("Running",))  # fmt: skip
+        assert pod["status"]["phase"] == "Running"
         assert kube_chains(), "kube-proxy and the kubelet wrote no rules: the check below proves nothing"
         assert list(Path("/sys/fs/cgroup/memory").glob("kubepods*"))
+        assert network_namespaces() - netns_before, "the pod's sandbox made no network namespace"
         node.stop()
         assert not workdir.exists()
         assert str(workdir) not in Path("/proc/self/mounts").read_text()
         assert kube_chains() == []
         assert list(Path("/sys/fs/cgroup/memory").glob("kubepods*")) == []
+        assert network_namespaces() == netns_before, "a pod's network namespace was left behind"
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     assert network.bridge not in links
 

@@ -53,6 +53,8 @@ from guardedcron_devenv.node_images import (
 
 CNI_BIN_DIR: Final = Path("/usr/lib/cni")
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
+# Where containerd's CRI plugin pins each pod sandbox's network namespace.
+NETNS_DIR: Final = Path("/var/run/netns")
 KUBELET_CGROUP: Final = "kubepods"  # the kubelet's cgroup root for pods (cgroupfs driver)
 POLL_INTERVAL_SECONDS: Final = 0.5
 # Linux caps interface names at 15 characters.
@@ -227,6 +229,7 @@ class RealNode:
         self._given_logs_dir = logs_dir
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._workdir: Path | None = None
+        self._netns_before: frozenset[str] = frozenset()
         self._ctr = find_ctr()
 
     def __enter__(self) -> RealNode:
@@ -261,6 +264,7 @@ class RealNode:
         if not (CNI_BIN_DIR / "bridge").is_file():
             raise NodeError(f"{CNI_BIN_DIR}/bridge is missing: install containernetworking-plugins")
         self._workdir = Path(tempfile.mkdtemp(prefix=f"guardedcron-{self.name}-"))
+        self._netns_before = network_namespaces()
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._start_processes()
@@ -286,6 +290,10 @@ class RealNode:
         if "containerd" in self._processes:
             self._remove_containers()
             stop_process_group(self._processes.pop("containerd"))
+        # Killing the sandboxes through containerd skips the CNI teardown: their network
+        # namespaces (and the veth pairs in them) stay unless removed here.
+        for namespace in sorted(network_namespaces() - self._netns_before):
+            subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, timeout=30, check=False)
         self._cleanup_kube_proxy_rules()
         remove_kubelet_cgroups()
         _unmount_below(self._workdir)
@@ -448,6 +456,13 @@ def remove_kube_chains(family: str, table: str) -> None:
             [f"{family}-restore", "--noflush"], input=script, capture_output=True, text=True,
             timeout=30, check=False,
         )  # fmt: skip
+
+
+def network_namespaces() -> frozenset[str]:
+    """The CNI network namespaces pinned on this machine now."""
+    if not NETNS_DIR.is_dir():
+        return frozenset()
+    return frozenset(p.name for p in NETNS_DIR.iterdir() if p.name.startswith("cni-"))
 
 
 def remove_kubelet_cgroups(root: Path = CGROUP_ROOT) -> None:
