@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import yaml
@@ -36,8 +36,7 @@ from guardedcron.spec.settings import DEFAULT_GUARD_IMAGE, ENV_CLUSTER_NAME
 from guardedcron_devenv.admin_api import AdminApi, ApiError
 from guardedcron_devenv.controlplane import ControlPlane
 from guardedcron_devenv.kubelet import Image, ProcessKubelet
-
-T = TypeVar("T")
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "crds"
@@ -75,19 +74,6 @@ def images(guard_images: Sequence[str] = ()) -> dict[str, Image]:
 def crd_source() -> Path:
     """What `kubectl apply -f` gets: the CRD file render uses ($GUARDEDCRON_CRD), else crds/."""
     return Path(os.environ.get("GUARDEDCRON_CRD") or CRD_DIR)
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = 60.0,
-             interval: float = 0.3) -> T:
-    """Poll `check` until it returns something truthy, and return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(interval)
 
 
 # --- manifests ----------------------------------------------------------------------------

@@ -12,12 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 
@@ -29,8 +28,7 @@ from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.node.cluster import NodeCluster
 from tests.support import GUARDEDCRON, REPO
 from tests.support.chart import CHART, helm
-
-T = TypeVar("T")
+from tests.support.waiting import wait_for
 
 SYSTEM_NAMESPACE = "gc-system"
 RELEASE = "gc"
@@ -47,17 +45,6 @@ RESTRICTED_CONTAINER = {
     "runAsUser": 65532,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = 120.0, interval: float = 1.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(interval)
 
 
 @dataclass

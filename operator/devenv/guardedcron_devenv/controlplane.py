@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -446,22 +446,8 @@ class ControlPlane:
         self._processes[name] = spawn_logged(args, self.logs_dir / f"{name}.log")
 
     def _wait_until(self, what: str, ready: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            for name, process in self._processes.items():
-                if process.poll() is not None:
-                    raise ControlPlaneError(
-                        f"{name} exited with {process.returncode} while waiting until {what}\n"
-                        + self.logs_tail()
-                    )
-            if ready():
-                return
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(
-                    f"timed out after {self.startup_timeout:.0f} s waiting until {what}\n"
-                    + self.logs_tail()
-                )
-            time.sleep(POLL_INTERVAL_SECONDS)
+        wait_for_parts(what, ready, self._processes, self.startup_timeout, POLL_INTERVAL_SECONDS,
+                       lambda message, _part: ControlPlaneError(f"{message}\n{self.logs_tail()}"))
 
     def _etcd_healthy(self) -> bool:
         try:
@@ -484,6 +470,28 @@ class ControlPlane:
             self._tls.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
         with urllib.request.urlopen(self.server + path, context=self._tls, timeout=5) as response:
             return str(response.read().decode())
+
+
+def wait_for_parts(
+    what: str,
+    ready: Callable[[], bool],
+    processes: Mapping[str, subprocess.Popen[bytes]],
+    timeout: float,
+    interval: float,
+    error: Callable[[str, str | None], Exception],
+) -> None:
+    """Poll `ready` until it holds, at most `timeout` seconds; a part that exits meanwhile
+    fails at once. `error(message, part)` makes the exception (`part`: the one that exited)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                raise error(f"{name} exited with {process.returncode} while waiting until {what}", name)
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            raise error(f"timed out after {timeout:.0f} s waiting until {what}", None)
+        time.sleep(interval)
 
 
 def spawn_logged(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:

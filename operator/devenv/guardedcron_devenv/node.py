@@ -41,6 +41,7 @@ from guardedcron_devenv.controlplane import (
     free_port,
     spawn_logged,
     stop_process_group,
+    wait_for_parts,
 )
 from guardedcron_devenv.node_images import (
     PAUSE_COMMAND,
@@ -357,22 +358,11 @@ class RealNode:
         self._processes[name] = spawn_logged(args, self.logs_dir / f"{name}.log")
 
     def _wait_until(self, what: str, ready: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            for name, process in self._processes.items():
-                if process.poll() is not None:
-                    raise NodeError(
-                        f"{name} exited with {process.returncode} while waiting until {what}\n"
-                        + self.logs_tail(name)
-                    )
-            if ready():
-                return
-            if time.monotonic() > deadline:
-                raise NodeError(
-                    f"timed out after {self.startup_timeout:.0f} s waiting until {what}\n"
-                    + "\n".join(self.logs_tail(name) for name in self._processes)
-                )
-            time.sleep(POLL_INTERVAL_SECONDS)
+        def error(message: str, part: str | None) -> NodeError:
+            tails = [part] if part is not None else list(self._processes)
+            return NodeError("\n".join([message, *(self.logs_tail(name) for name in tails)]))
+
+        wait_for_parts(what, ready, self._processes, self.startup_timeout, POLL_INTERVAL_SECONDS, error)
 
     def logs_tail(self, name: str, lines: int = 30) -> str:
         path = self.logs_dir / f"{name}.log"
