@@ -1,0 +1,34 @@
+"""Nothing changes for a GuardedCronJob that uses none of issue 14's fields: the examples
+that existed before them render, byte for byte, the CronJobs rendered before them.
+
+The expected files (tests/unit/unchanged_renders/) were written once from commit 340bda1
+and, unlike tests/unit/golden/, have no update switch: a change here is a change for
+every user who upgrades.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_render import EXAMPLES, render
+
+FROZEN = Path(__file__).resolve().parent / "unchanged_renders"
+FROZEN_FILES = sorted(FROZEN.glob("*.yaml"))
+
+
+def test_every_old_example_is_still_there() -> None:
+    assert [path.name for path in FROZEN_FILES] == [
+        "every-5-minutes-sync.yaml", "heartbeat.yaml", "nightly-invoices.yaml",
+        "shared-lock-across-namespaces.yaml", "shared-lock-multicluster.yaml",
+    ]
+    for frozen in FROZEN_FILES:
+        assert (EXAMPLES / frozen.name).exists(), f"example {frozen.name} was removed"
+
+
+@pytest.mark.parametrize("frozen", FROZEN_FILES, ids=lambda path: path.stem)
+def test_old_example_renders_the_same_bytes_as_before(frozen: Path) -> None:
+    result = render("-f", str(EXAMPLES / frozen.name))
+    assert result.code == 0, result.stderr
+    assert result.stdout == frozen.read_text()
