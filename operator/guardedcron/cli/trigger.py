@@ -5,12 +5,11 @@ made, so the guard init container is in it and the run is guarded like any other
 (it takes the lease; no slot, so it does not stand for a scheduled run). The Job is
 named `<name>-manual-<5 random characters>` and marked manual.
 
-Credentials: the current context of the kubeconfig (`$KUBECONFIG`, else
-`~/.kube/config`) read by kopf's kubeconfig login, else the pod's service account,
-and the operator's own API client, so errors carry the API server's words. That login
-reads tokens, client certificates and basic auth; it does not run exec credential
-plugins (cloud logins): there, annotate the GuardedCronJob instead
-(`kubectl annotate gcj NAME guardedcron.io/trigger=$(date +%s) --overwrite`).
+Credentials: the kubeconfig's context (`--kubeconfig`, else `$KUBECONFIG`, else
+`~/.kube/config`; `--context`, else the current one), loaded by the official
+`kubernetes` client's loader (exec credential plugins, OIDC, tokens, certificates), else
+the pod's service account; the calls go through the operator's own API client, so errors
+carry the API server's words (see guardedcron.cli.kubeconfig).
 
 Answer: one JSON line on stdout (`namespace`, `guarded_cronjob`, `job`). Exit 0 when
 the Job was created; 1 when the API server refused or something is missing (nothing
@@ -22,14 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import secrets
 import sys
 from typing import Any
-
-import kopf
-import yaml
 
 from guardedcron import contract
 from guardedcron.builders.manual import (
@@ -39,6 +34,7 @@ from guardedcron.builders.manual import (
     manual_job_name,
     suffix_from_bytes,
 )
+from guardedcron.cli.kubeconfig import KubeconfigError, connection_info
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from guardedcron.kube import (
     CRONJOBS,
@@ -50,7 +46,6 @@ from guardedcron.kube import (
     KubeClient,
     NotFound,
 )
-from guardedcron.kube.credentials import login
 from guardedcron.objects import controlled_by, uid_of
 
 FIELD_MANAGER = "guardedcron-trigger"
@@ -68,12 +63,21 @@ class TriggerFailed(Exception):
 def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help_text, description=help_text,
-        epilog="Uses the current kubeconfig context ($KUBECONFIG or ~/.kube/config). "
+        epilog="Uses the current kubeconfig context ($KUBECONFIG or ~/.kube/config; exec "
+               "credential plugins and OIDC included), else the pod's service account. "
                "GitOps alternative: set the annotation guardedcron.io/trigger on the "
                "GuardedCronJob to a new value.")
     parser.add_argument("name", metavar="NAME", help="the GuardedCronJob")
-    parser.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace, else default")
+    add_cluster_options(parser)
     parser.set_defaults(run=run)
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    """-n, --kubeconfig and --context, as kubectl spells them."""
+    parser.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace, else default")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, "
+                        "else ~/.kube/config)")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,20 +88,27 @@ def run(args: argparse.Namespace) -> int:
                 if value is not None and not (_NAME.match(value) and len(value) <= limit)]
     if problems:
         for problem in problems:
-            print(f"guardedcron trigger: {problem}", file=sys.stderr)
+            print(f"{getattr(args, 'prog', 'guardedcron trigger')}: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        answer = asyncio.run(trigger(args.name, args.namespace))
+        answer = asyncio.run(trigger(args.name, args.namespace, args.kubeconfig, args.context))
     except TriggerFailed as error:
-        print(f"guardedcron trigger: {error}", file=sys.stderr)
+        print(f"{getattr(args, 'prog', 'guardedcron trigger')}: {error}", file=sys.stderr)
         return error.code
-    print(json.dumps(answer, separators=(",", ":")))
+    if getattr(args, "output", "json") == "json":
+        print(json.dumps(answer, separators=(",", ":")))
+    else:  # kubectl's words for a created object
+        print(f"job.batch/{answer['job']} created")
     return EXIT_OK
 
 
-async def trigger(name: str, namespace: str | None) -> dict[str, str]:
+async def trigger(name: str, namespace: str | None, kubeconfig: str | None = None,
+                  context: str | None = None) -> dict[str, str]:
     """Create the manual Job; the answer names it. Raises TriggerFailed with the reason."""
-    info = await asyncio.to_thread(_login)
+    try:
+        info = await asyncio.to_thread(connection_info, kubeconfig, context)
+    except KubeconfigError as error:
+        raise TriggerFailed(str(error), error.code) from None
     namespace = namespace or info.default_namespace or "default"
     client = KubeClient(info)
     try:
@@ -147,9 +158,7 @@ async def _create(client: KubeClient, namespace: str, name: str) -> str:
 
 def _refusal(error: ApiError) -> str:
     if error.code == 401:
-        return ("the API server refused the credentials of the current kubeconfig context "
-                f"({error.message}); exec credential plugins are not run: annotate the "
-                f"GuardedCronJob with {contract.ANNOTATION_TRIGGER} instead")
+        return f"the API server refused the kubeconfig context's credentials ({error.message})"
     if error.code == 403:
         return (f"not allowed: {error.message} (a manual run needs get on guardedcronjobs and "
                 "cronjobs and create on jobs in the namespace)")
@@ -161,22 +170,3 @@ def _ready_message(gcj: dict[str, Any]) -> str:
         if isinstance(condition, dict) and condition.get("type") == "Ready":
             return f"Ready is {condition.get('status')}: {condition.get('message')}"
     return "the GuardedCronJob has no status yet"
-
-
-def _login() -> kopf.ConnectionInfo:
-    settings = kopf.OperatorSettings()
-    try:
-        info = kopf.login_with_kubeconfig(settings=settings) or login(settings, os.environ)
-    except yaml.YAMLError as error:
-        # The parser quotes the offending text, which may be a token: say where, not what.
-        mark = getattr(error, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise TriggerFailed(f"the kubeconfig is not valid YAML{at}", EXIT_USAGE) from None
-    except KeyError as error:
-        raise TriggerFailed(f"the kubeconfig names {error} but does not define it", EXIT_USAGE) from None
-    except (OSError, kopf.LoginError) as error:
-        raise TriggerFailed(f"cannot read the kubeconfig: {error}", EXIT_USAGE) from None
-    if info is None:
-        raise TriggerFailed("no Kubernetes credentials: no $KUBECONFIG, ~/.kube/config or "
-                            "service account", EXIT_USAGE)
-    return info
