@@ -26,10 +26,10 @@ from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.connection import connect
 from guardedcron.guard.errors import LockNotGranted
 from guardedcron.guard.fence import check_fence
-from guardedcron.guard.migrations import load_migrations
 from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.support import GUARDEDCRON, CliResult, run_cli
+from tests.support.schema import apply_up_to
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 INSUFFICIENT_PRIVILEGE = "42501"
@@ -80,23 +80,6 @@ def owned_database(postgres: ThrowawayPostgres, versions: int | None = None) -> 
     else:
         apply_up_to(owner.dsn, versions)
     return cluster
-
-
-def apply_up_to(dsn: str, version: int) -> None:
-    """The migrations up to `version`, as that version of the tool applied them."""
-    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("CREATE SCHEMA guardedcron")
-        conn.execute(
-            "CREATE TABLE guardedcron.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
-        for migration in load_migrations():
-            if migration.version <= version:
-                conn.execute(migration.sql.encode())
-                conn.execute(
-                    "INSERT INTO guardedcron.schema_migrations (version, name) VALUES (%s, %s)",
-                    (migration.version, migration.name),
-                )
 
 
 def assert_ok(result: CliResult, *logins: Login) -> None:
@@ -365,7 +348,7 @@ def test_migrating_from_schema_3_keeps_deployed_guards_working_and_says_so(
 
     migrated = run_cli(["db", "migrate"], dsn=cluster.owner.dsn)
     assert_ok(migrated, cluster.owner)
-    assert migrated.json["applied"] == [4]
+    assert migrated.json["applied"] == [4, 5]
     assert f"role {runtime.role} could use the schema-3 functions: it keeps every lock" in migrated.stderr
     assert f"role {reader.role} lost its privileges on guardedcron tables" in migrated.stderr
     # The deployed guard keeps its locks, through the functions only.

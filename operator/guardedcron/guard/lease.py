@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 
 OUTCOMES_ON_RELEASE = tuple(outcome.value for outcome in ReleaseOutcome)
 DEFAULT_RETAIN_DAYS = 90
-DEFAULT_RETAIN_RUNS = 10_000
+DEFAULT_RETAIN_RUNS = 10_000  # winning runs (lease generations) per lock, from schema 5
+# From schema 5 a winning acquisition deletes at most this many rows of history, and of slot
+# claims (the constant retention_batch in guard/sql/0005_amortised_retention.sql).
+RETENTION_BATCH = 16
 # A century of history; beyond it the database's date arithmetic would overflow.
 MAX_RETAIN_DAYS = 36_500
 MAX_RETAIN_RUNS = 2**31 - 1  # the SQL functions take an integer
