@@ -12,13 +12,18 @@ from guardedcron.builders.guard import (
     build_keeper_container,
     build_run_volume,
     build_workload_mount,
+    run_context_env,
 )
 from guardedcron.spec import OperatorSettings, ParsedSpec
 from guardedcron.spec.reserved import owner_labels
 
 
-def build_cronjob(parsed: ParsedSpec, settings: OperatorSettings) -> dict[str, Any]:
+def build_cronjob(parsed: ParsedSpec, settings: OperatorSettings, *,
+                  suspended_for_failures: bool = False) -> dict[str, Any]:
     """The desired batch/v1 CronJob: same name and namespace as the GuardedCronJob.
+
+    `suspended_for_failures`: the operator stopped the job after spec.suspendAfterFailures
+    failed runs in a row (status/suspension.py); the CronJob is suspended, the spec untouched.
 
     The controller owner reference is left out when the GuardedCronJob has no uid yet
     (a manifest rendered before it was applied): a made-up uid would point at no object
@@ -34,11 +39,11 @@ def build_cronjob(parsed: ParsedSpec, settings: OperatorSettings) -> dict[str, A
     if parsed.uid is not None:
         metadata["ownerReferences"] = [build_owner_reference(parsed.name, parsed.uid)]
 
-    cron_spec: dict[str, Any] = {"schedule": spec.schedule_text}
+    cron_spec: dict[str, Any] = {"schedule": spec.schedule_text}  # `H` resolved
     if spec.time_zone is not None:
         cron_spec["timeZone"] = spec.time_zone
     cron_spec |= {
-        "suspend": spec.suspend,
+        "suspend": spec.suspend or suspended_for_failures,
         "concurrencyPolicy": "Forbid",
         "startingDeadlineSeconds": spec.starting_deadline_seconds,
         "successfulJobsHistoryLimit": spec.successful_jobs_history_limit,
@@ -107,15 +112,20 @@ def _guarded_pod_spec(pod_spec: dict[str, Any], parsed: ParsedSpec,
     injected = [build_guard_container(parsed, settings)]
     if parsed.spec.lease.heartbeat:
         injected.append(build_keeper_container(parsed, settings))
-    user_init = [_with_workload_mount(c) for c in pod_spec.get("initContainers") or ()]
+    env = run_context_env(parsed)
+    user_init = [_with_workload_mount(c, env) for c in pod_spec.get("initContainers") or ()]
     pod_spec["initContainers"] = injected + user_init
-    pod_spec["containers"] = [_with_workload_mount(c) for c in pod_spec.get("containers") or ()]
+    pod_spec["containers"] = [_with_workload_mount(c, env)
+                              for c in pod_spec.get("containers") or ()]
     pod_spec["volumes"] = [build_run_volume(settings), *(pod_spec.get("volumes") or ())]
     pod_spec["restartPolicy"] = "Never"
     return pod_spec
 
 
-def _with_workload_mount(container: Mapping[str, Any]) -> dict[str, Any]:
+def _with_workload_mount(container: Mapping[str, Any], env: list[dict[str, Any]]
+                         ) -> dict[str, Any]:
     result = dict(container)
+    if env:  # first, so that a variable the container defines itself wins
+        result["env"] = [*(dict(item) for item in env), *(result.get("env") or ())]
     result["volumeMounts"] = [*(result.get("volumeMounts") or ()), build_workload_mount()]
     return result

@@ -7,6 +7,7 @@ token to the workload.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any
@@ -38,9 +39,52 @@ def build_guard_container(parsed: ParsedSpec, settings: OperatorSettings) -> dic
         "--job-name", f"$({contract.ENV_JOB_NAME})",
         "--cronjob", literal_arg(parsed.name),
         "--out", contract.RUN_DIR,
+        *_run_context_args(parsed),
     ]
     env = [*_identity_env(settings, with_job_name=True), _dsn_env(parsed)]
     return _injected_container(contract.GUARD_CONTAINER, args, env, settings)
+
+
+def _run_context_args(parsed: ParsedSpec) -> list[str]:
+    """The guard's time zone, when it needs it: for repeatedTime Once (its slot key) or
+    for spec.runContext.env (the scheduled time in lease.json). Otherwise none, so that
+    the CronJob of a spec using neither stays as it was."""
+    spec = parsed.spec
+    once = spec.dst_policy.repeated_time == "Once"
+    if not (once or spec.run_context_env):
+        return []
+    args = ["--time-zone", literal_arg(spec.time_zone or "UTC")]
+    return [*args, "--repeated-time", "Once"] if once else args
+
+
+def run_context_env(parsed: ParsedSpec) -> list[dict[str, Any]]:
+    """The run context's static values for the workload's containers (spec.runContext.env;
+    docs/design.md, "Run context"); the per-run values are in lease.json."""
+    if not parsed.spec.run_context_env:
+        return []
+    values = (
+        (contract.ENV_LOCK, parsed.spec.lease.name),
+        (contract.ENV_TIME_ZONE, parsed.spec.time_zone or "UTC"),
+        (contract.ENV_SCHEDULE, parsed.spec.schedule_text),
+        (contract.ENV_GUARDED_CRONJOB, parsed.name),
+        (contract.ENV_LEASE_FILE, f"{contract.RUN_DIR}/{contract.LEASE_FILE}"),
+        (contract.ENV_FENCE_FILE, FENCE_PATH),
+    )
+    # Kubernetes expands $(VAR) in env values too: a lock with '$' must stay literal.
+    return [{"name": name, "value": literal_arg(value)} for name, value in values]
+
+
+def mark_run_kind(job: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """A copy of a Job built from the CronJob's template whose guard says, in lease.json,
+    that the operator started it for a past slot (`kind`: contract.RUN_KIND_CATCH_UP or
+    RUN_KIND_BACKFILL)."""
+    marked = copy.deepcopy(dict(job))
+    containers = get_path(marked, "spec", "template", "spec", "initContainers")
+    for container in containers if isinstance(containers, list) else ():
+        if isinstance(container, dict) and container.get("name") == contract.GUARD_CONTAINER:
+            container["args"] = [*(container.get("args") or ()),
+                                 contract.GUARD_RUN_KIND_FLAG, kind]
+    return marked
 
 
 def build_keeper_container(parsed: ParsedSpec, settings: OperatorSettings) -> dict[str, Any]:

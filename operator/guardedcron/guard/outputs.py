@@ -1,7 +1,8 @@
 """What the guard leaves behind for the workload and for Kubernetes.
 
 - `<out>/fence`: the fencing token alone, for shell scripts.
-- `<out>/lease.json`: lock, holder, fence, slot, locked_until.
+- `<out>/lease.json`: lock, holder, fence, slot, locked_until, run_id, and the run
+  context (`RunContext`): run_kind, manual, scheduled_time, scheduled_time_utc, time_zone.
 - the termination message (`/dev/termination-log`): a short JSON summary that the
   operator reads from the pod's status, so it needs no database access.
 Files are written to a temporary name and renamed, so a reader never sees half a file.
@@ -15,20 +16,71 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dataclasses import dataclass
+from datetime import UTC, tzinfo
+
 from guardedcron.contract import (
     ENV_TERMINATION_LOG,
     FENCE_FILE,
     KEY_FENCE,
+    KEY_MANUAL,
     KEY_OUTCOME,
     KEY_REASON,
+    KEY_RUN_KIND,
+    KEY_SCHEDULED_TIME,
+    KEY_SCHEDULED_TIME_UTC,
+    KEY_TIME_ZONE,
     KEY_TRUNCATED,
     LEASE_FILE,
     LOST_FILE,
+    RUN_KIND_MANUAL,
+    RUN_KIND_SCHEDULED,
     TERMINATION_LOG,
     TERMINATION_MESSAGE_MAX,
     GuardOutcome,
 )
 from guardedcron.guard.redaction import redact
+from guardedcron.schedule.dst import slot_time, wall_clock_slot
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a run is, for the slot it claims and for the workload (docs/design.md, "Run
+    context"). `scheduled_slot` is the Job's own minute (None for a manual run); `zone` is
+    the job's time zone when the guard was told it (`time_zone` is its name)."""
+
+    scheduled_slot: int | None
+    time_zone: str | None
+    zone: tzinfo | None
+    once_per_wall_minute: bool  # spec.dstPolicy.repeatedTime: Once
+    run_kind: str | None  # catch-up or backfill when the operator says so
+
+    @property
+    def claimed_slot(self) -> int | None:
+        """The slot claimed in the database: with repeatedTime Once, the first showing of
+        the wall-clock minute, so its second showing finds it claimed in any cluster."""
+        if self.scheduled_slot is None or not self.once_per_wall_minute or self.zone is None:
+            return self.scheduled_slot
+        return wall_clock_slot(self.scheduled_slot, self.zone)
+
+    def fields(self) -> dict[str, Any]:
+        """The run context's keys of lease.json."""
+        kind = self.run_kind or (RUN_KIND_MANUAL if self.scheduled_slot is None
+                                 else RUN_KIND_SCHEDULED)
+        when = slot_time(self.scheduled_slot) if self.scheduled_slot is not None else None
+        return {
+            KEY_RUN_KIND: kind,
+            KEY_MANUAL: kind == RUN_KIND_MANUAL,
+            KEY_SCHEDULED_TIME_UTC: _rfc3339(when, UTC) if when is not None else None,
+            KEY_SCHEDULED_TIME: (_rfc3339(when, self.zone)
+                                 if when is not None and self.zone is not None else None),
+            KEY_TIME_ZONE: self.time_zone,
+        }
+
+
+def _rfc3339(when: Any, zone: tzinfo) -> str:
+    text: str = when.astimezone(zone).isoformat()
+    return text.replace("+00:00", "Z") if zone is UTC else text
 
 
 def write_atomically(path: Path, text: str) -> None:
