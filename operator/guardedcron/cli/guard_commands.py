@@ -48,6 +48,8 @@ from guardedcron.contract import (
     SlotOutOfRange,
     slot_from_job_name,
 )
+from guardedcron.contract import GUARD_RUN_KIND_FLAG as RUN_KIND_FLAG
+from guardedcron.contract import RUN_KIND_BACKFILL, RUN_KIND_CATCH_UP
 from guardedcron.guard.errors import BadInput, GuardError
 from guardedcron.guard.redaction import looks_like_dsn, redact
 
@@ -73,6 +75,20 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
             "--job-name", help="derive the slot from a CronJob-made Job name <cronjob>-<minutes>"
         )
         parser.add_argument("--cronjob", help="with --job-name: the CronJob's name")
+        parser.add_argument(
+            "--time-zone", help="the job's IANA time zone: lease.json gives the scheduled time in it"
+        )
+        parser.add_argument(
+            "--repeated-time",
+            choices=["Twice", "Once"],
+            default="Twice",
+            help="Once: a wall-clock minute the clock shows twice claims one slot (needs --time-zone)",
+        )
+        parser.add_argument(
+            RUN_KIND_FLAG,
+            choices=[RUN_KIND_CATCH_UP, RUN_KIND_BACKFILL],
+            help="why the operator started this Job for a past slot (for lease.json)",
+        )
         parser.add_argument("--out", type=folder, help="folder for the fence and lease.json files")
         parser.add_argument("--retain-days", default="90", help="run history kept, days")
         parser.add_argument("--retain-runs", default="10000", help="run history kept, rows per lock")
@@ -236,6 +252,25 @@ def parse_slot(args: argparse.Namespace) -> int | None:
         ) from None
 
 
+def run_context_of(args: argparse.Namespace, scheduled_slot: int | None) -> Any:
+    """The run context (the slot to claim and what lease.json tells the workload), from
+    --time-zone, --repeated-time and --run-kind; BadInput for a zone that does not exist."""
+    from guardedcron.guard.outputs import RunContext
+    from guardedcron.schedule import ScheduleError, load_time_zone
+
+    zone = None
+    if args.time_zone is not None:
+        try:
+            zone = load_time_zone(args.time_zone)
+        except ScheduleError as exc:
+            raise BadInput(f"--time-zone {shown(args.time_zone)} is not an IANA time zone this "
+                           f"guard knows ({exc.__class__.__name__})") from None
+    if args.repeated_time == "Once" and (zone is None or scheduled_slot is None):
+        raise BadInput("--repeated-time Once needs --time-zone and a slot (--slot or --job-name)")
+    return RunContext(scheduled_slot=scheduled_slot, time_zone=args.time_zone, zone=zone,
+                      once_per_wall_minute=args.repeated_time == "Once", run_kind=args.run_kind)
+
+
 def connect_timeout(args: argparse.Namespace) -> float:
     value = parse_number("--connect-timeout", args.connect_timeout)
     if not 0 < value <= MAX_CONNECT_TIMEOUT_SECONDS:
@@ -286,6 +321,8 @@ def _acquire(args: argparse.Namespace) -> int:
     from guardedcron.guard.outputs import write_lease_files, write_termination_message
 
     check_names(args)
+    scheduled_slot = parse_slot(args)
+    context = run_context_of(args, scheduled_slot)
     request = lease_ops.AcquireRequest(
         lock=args.lock,
         holder=args.holder,
@@ -293,7 +330,7 @@ def _acquire(args: argparse.Namespace) -> int:
         min_hold_seconds=parse_seconds(
             "--min-hold-seconds", args.min_hold_seconds, minimum=0, maximum=MAX_LEASE_SECONDS
         ),
-        slot=parse_slot(args),
+        slot=context.claimed_slot,
         retain_days=parse_integer(
             "--retain-days", args.retain_days, minimum=1, maximum=lease_ops.MAX_RETAIN_DAYS
         ),
@@ -326,7 +363,7 @@ def _acquire(args: argparse.Namespace) -> int:
         )
         return EXIT_NOT_ACQUIRED
     if args.out is not None:
-        write_lease_files(args.out, {**summary, **keeper_timing(sent, result)})
+        write_lease_files(args.out, {**summary, **keeper_timing(sent, result), **context.fields()})
     write_termination_message({KEY_OUTCOME: GuardOutcome.ACQUIRED, **summary})
     return EXIT_OK
 
