@@ -77,6 +77,18 @@ MANAGED_BY_VALUE: Final = "guardedcron"
 ANNOTATION_TRIGGER: Final = f"{API_GROUP}/trigger"  # set on a GuardedCronJob to start a manual run
 ANNOTATION_LOCK: Final = f"{API_GROUP}/lock"  # on the CronJob: the lease name its runs take
 ANNOTATION_MANUAL: Final = f"{API_GROUP}/manual"  # on Jobs made by `guardedcron trigger`
+# Issue 14, catch-up and backfill (docs/design.md, "Catch-up and backfill"): on a GuardedCronJob,
+# `<token>:<since>/<until>` asks for one backfill per token; on a Job the operator started
+# for a past slot, the run kind says why it exists (the CronJob controller's own Jobs and
+# manual runs never carry it). The Job's name is `<cronjob>-<slot>`, so its guard claims
+# the slot like a scheduled run's would.
+ANNOTATION_BACKFILL: Final = f"{API_GROUP}/backfill"
+ANNOTATION_RUN_KIND: Final = f"{API_GROUP}/run-kind"
+RUN_KIND_CATCH_UP: Final = "catch-up"
+RUN_KIND_BACKFILL: Final = "backfill"
+# Issue 14, stop after repeated failures: a new value resumes a CronJob the operator
+# suspended after spec.suspendAfterFailures failed runs in a row (once per value).
+ANNOTATION_RESUME: Final = f"{API_GROUP}/resume"
 # kopf keeps its handler progress and last-handled spec under this prefix; a pass never reads them.
 KOPF_ANNOTATION_PREFIX: Final = f"operator.{API_GROUP}"
 # kubectl's mark on a Job made with `create job --from=cronjob/NAME` (value "manual");

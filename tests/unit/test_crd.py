@@ -384,6 +384,15 @@ REFUSED: list[Any] = [
      ("cel", ".spec.lease.sharedLock", "lease.name and lease.sharedLock are mutually exclusive")),
     ("shared-lock-upper-case", [put("spec.lease.sharedLock", "Ledger")],
      ("cel", ".spec.lease.sharedLock", "lease.sharedLock must be 1-63 lower-case letters")),
+    # issue 14: catch-up and suspension after failures
+    ("catch-up-latest-with-max-runs", [put("spec.catchUp", {"policy": "Latest", "maxRuns": 3})],
+     ("cel", ".spec.catchUp.maxRuns", "catchUp.maxRuns above 1 needs catchUp.policy All")),
+    ("suspend-after-zero-failures", [put("spec.suspendAfterFailures", 0)],
+     ("cel", ".spec.suspendAfterFailures", "suspendAfterFailures must be from 1 to 1000")),
+    ("catch-up-policy-unknown", [put("spec.catchUp", {"policy": "Some"})],
+     ("schema", ".spec.catchUp.policy", "is not one of ['None', 'Latest', 'All']")),
+    ("catch-up-window-of-30", [put("spec.catchUp", {"policy": "All", "windowSeconds": 30})],
+     ("schema", ".spec.catchUp.windowSeconds", "less than the minimum of 60")),
     # refused by the OpenAPI schema itself
     ("lease-name-of-190", [put("spec.lease.name", "x" * 190)],
      ("schema", ".spec.lease.name", "is too long")),

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from guardedcron import contract
+from guardedcron.builders.guard import mark_run_kind
 from guardedcron.objects import get_path
 
 MANUAL_INFIX: Final = "-manual-"
@@ -125,3 +126,34 @@ def build_manual_job(cronjob: Mapping[str, Any], *, job_name: str, started_by: s
     }
 
 
+
+
+def slot_job_name(cronjob_name: str, slot: int) -> str:
+    """`<cronjob>-<slot>`: the name the CronJob controller gives the Job of that slot, from
+    which the guard reads the slot it claims (contract.slot_from_job_name)."""
+    return f"{cronjob_name}-{slot}"
+
+
+def build_slot_job(cronjob: Mapping[str, Any], *, slot: int, scheduled_at: str,
+                   run_kind: str) -> dict[str, Any]:
+    """The Job that makes up (catch-up) or backfills the slot `slot` of `cronjob`.
+
+    Named `<cronjob>-<slot>` so its guard claims the slot, exactly as the scheduled run
+    would have: whichever cluster runs the slot first wins, every other copy skips. Not
+    a manual run: no `instantiate: manual`, no guardedcron.io/manual, and the CronJob
+    controller's scheduled-timestamp annotation (`scheduled_at`, RFC 3339), so status
+    reads it as the slot's run. `run_kind` (contract.RUN_KIND_*) goes on the Job and on
+    its pod template, where the workload can read it (downward API).
+    """
+    metadata = get_path(cronjob, "metadata") or {}
+    job = build_manual_job(cronjob, job_name=slot_job_name(str(metadata.get("name") or ""), slot),
+                           started_by=run_kind)
+    annotations = job["metadata"]["annotations"]
+    for key in (contract.ANNOTATION_KUBECTL_INSTANTIATE, contract.ANNOTATION_MANUAL):
+        annotations.pop(key, None)
+    annotations[contract.ANNOTATION_SCHEDULED_TIMESTAMP] = scheduled_at
+    annotations[contract.ANNOTATION_RUN_KIND] = run_kind
+    pod_metadata = job["spec"].setdefault("template", {}).setdefault("metadata", {})
+    pod_metadata["annotations"] = {**(pod_metadata.get("annotations") or {}),
+                                   contract.ANNOTATION_RUN_KIND: run_kind}
+    return mark_run_kind(job, run_kind)  # the guard writes it into lease.json

@@ -42,6 +42,7 @@ from guardedcron.handlers.observe import (
     trimmed,
 )
 from guardedcron.handlers.outcomes import record_outcomes
+from guardedcron.handlers.scheduling import act_on_slots, suspension_for
 from guardedcron.handlers.trigger import act_on_trigger
 from guardedcron.kube import (
     CRONJOBS,
@@ -59,9 +60,11 @@ from guardedcron.kube.credentials import discover_credentials
 from guardedcron.objects import controlled_by, uid_of
 from guardedcron.observability.events import build_event
 from guardedcron.observability.metrics import forget as forget_metrics
-from guardedcron.observability.metrics import reconcile_timer, record_changes
+from guardedcron.observability.metrics import reconcile_timer, record_changes, record_suspension
 from guardedcron.spec import ParsedSpec, Problem, SpecError, parse_guarded_cronjob
-from guardedcron.status import RunEvent, compute_status
+from guardedcron.status import RunEvent, SchedulingStatus, compute_status, merge_runs
+from guardedcron.status.history import known_records, newest_first
+from guardedcron.status.suspension import SuspensionDecision
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -117,8 +120,14 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
             cronjob = None
     applied = not_owned = False
     apply_error: str | None = None
+    previous = memory.written_status(uid) or gcj.get("status") or {}
+    # The runs as the previous status and the live Jobs tell them: whether failures
+    # suspend the CronJob is decided before it is applied (compute_status reads them again).
+    runs = newest_first(merge_runs(known_records(previous), observed.jobs, observed.pods_by_job, now))
+    suspension = (suspension_for(gcj, parsed, runs, previous, now) if parsed is not None
+                  else SuspensionDecision(suspended=False, status=None))
     if parsed is not None:
-        desired = build_cronjob(parsed, settings.build)
+        desired = build_cronjob(parsed, settings.build, suspended_for_failures=suspension.suspended)
         if cronjob is not None and not controlled_by(cronjob, uid):
             not_owned = True
             apply_error = (f"CronJob {name} already exists and is not controlled by this "
@@ -142,13 +151,24 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
                 applied = True
                 logger.info(f"Applied CronJob {name}: {reason}.")
 
-    previous = memory.written_status(uid) or gcj.get("status") or {}
     trigger = await act_on_trigger(gcj, None if not_owned else cronjob, previous, client=client,
                                    memory=memory, logger=logger)
+    scheduling: SchedulingStatus | None = None  # None: an invalid spec keeps what status says
+    slot_events: list[RunEvent] = []
+    if parsed is not None:
+        slots = await act_on_slots(gcj, parsed, None if not_owned else cronjob, runs=runs,
+                                   previous=previous, suspension=suspension, now=now,
+                                   client=client, memory=memory, logger=logger)
+        scheduling, slot_events = slots.status, slots.events
+        if slots.started is not None:
+            context.metrics.make_up_runs.labels(namespace, name, slots.started).inc()
+        record_suspension(context.metrics, namespace=namespace, name=name,
+                          suspended=None if parsed.spec.suspend_after_failures is None
+                          else suspension.suspended)
     change = compute_status(
         gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=cronjob, jobs=observed.jobs,
         pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
-        apply_error=apply_error, handled_trigger=trigger.handled)
+        apply_error=apply_error, handled_trigger=trigger.handled, scheduling=scheduling)
     if trouble is not None:
         # Once per change, not once per pass: kopf posts warnings as Events, and a
         # resync over an object that is still invalid must write nothing.
@@ -159,7 +179,7 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     # After the write: a pass whose write failed counts nothing (kopf retries it, and the
     # retry sees the same transitions). An unchanged status has none, only gauges.
     record_changes(context.metrics, namespace=namespace, name=name, changes=change.metrics)
-    events = [*lock_events, *change.events, *trigger.events]
+    events = [*lock_events, *change.events, *trigger.events, *slot_events]
     if settings.outcome_recording:
         # Once per run: when its record turns final, which happens in one written status.
         events += await record_outcomes(parsed, change.outcomes, namespace=namespace, client=client,

@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from guardedcron import contract
 from guardedcron.status import MetricChanges, Outcome
 
 # The `outcome` label of runs_total and run_duration_seconds.
@@ -50,6 +51,8 @@ class Metrics:
     run_duration: Histogram
     reconcile_duration: Histogram
     reconcile_errors: Counter
+    suspended_after_failures: Gauge
+    make_up_runs: Counter
 
 
 def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -81,6 +84,13 @@ def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         reconcile_errors=Counter("guardedcron_reconcile_errors_total",
                                  "Reconcile passes that ended in an error.",
                                  per_job, registry=registry),
+        suspended_after_failures=Gauge(
+            "guardedcron_suspended_after_failures",
+            "1 while the operator keeps the CronJob suspended after spec.suspendAfterFailures "
+            "failed runs in a row, else 0 (only with that field set).", per_job, registry=registry),
+        make_up_runs=Counter("guardedcron_make_up_runs_total",
+                             "Jobs the operator started for past slots, by kind (catch-up, backfill).",
+                             (*per_job, "kind"), registry=registry),
     )
 
 
@@ -101,6 +111,15 @@ def record_changes(metrics: Metrics, *, namespace: str, name: str, changes: Metr
         metrics.schedule_period.labels(namespace, name).set(changes.schedule_period_seconds)
     else:
         _remove(metrics.schedule_period, namespace, name)
+
+
+def record_suspension(metrics: Metrics, *, namespace: str, name: str, suspended: bool | None) -> None:
+    """Set the suspended-after-failures gauge from the pass's decision; None (the field is
+    unset) removes the series."""
+    if suspended is None:
+        _remove(metrics.suspended_after_failures, namespace, name)
+    else:
+        metrics.suspended_after_failures.labels(namespace, name).set(1 if suspended else 0)
 
 
 def observe_reconcile(metrics: Metrics, *, namespace: str, name: str, seconds: float, error: bool) -> None:
@@ -125,8 +144,10 @@ def reconcile_timer(metrics: Metrics, *, namespace: str, name: str) -> Iterator[
 def forget(metrics: Metrics, *, namespace: str, name: str) -> None:
     """Drop every series of a deleted GuardedCronJob, so it stops being exported."""
     for metric in (metrics.missed_runs, metrics.overlaps, metrics.last_success,
-                   metrics.schedule_period, metrics.reconcile_errors):
+                   metrics.schedule_period, metrics.reconcile_errors, metrics.suspended_after_failures):
         _remove(metric, namespace, name)
+    for kind in (contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL):
+        _remove(metrics.make_up_runs, namespace, name, kind)
     for outcome in OUTCOME_LABELS.values():
         _remove(metrics.runs, namespace, name, outcome)
         _remove(metrics.run_duration, namespace, name, outcome)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from guardedcron.schedule import Schedule
 
 OnLost = Literal["Record", "StopWorkload"]
+CatchUpPolicy = Literal["None", "Latest", "All"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,15 @@ class LeaseSpec:
 
 
 @dataclass(frozen=True)
+class CatchUpSpec:
+    """spec.catchUp: which missed slots the operator makes up (docs/design.md, "Catch-up")."""
+
+    policy: CatchUpPolicy = "None"
+    window_seconds: int = 3600  # how far back a missed slot still counts
+    max_runs: int = 1  # make-up runs for one gap at most: the newest missed slots
+
+
+@dataclass(frozen=True)
 class GuardedCronJobSpec:
     schedule: Schedule
     schedule_text: str  # as written, passed to the CronJob unchanged
@@ -51,6 +61,9 @@ class GuardedCronJobSpec:
     # The user's batch/v1 JobTemplateSpec, checked where guardedcron touches it; a private
     # deep copy, so builders may read it freely (they copy again before changing anything).
     job_template: Mapping[str, Any] = field(hash=False)
+    catch_up: CatchUpSpec = CatchUpSpec()
+    # Suspend the CronJob after this many failed runs in a row; None: never.
+    suspend_after_failures: int | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from guardedcron.spec.locks import (
     shared_lock,
 )
 from guardedcron.spec.model import (
+    CatchUpPolicy,
+    CatchUpSpec,
     GuardedCronJobSpec,
     LeaseSpec,
     OnLost,
@@ -59,6 +61,12 @@ MIN_HEARTBEAT_LEASE_SECONDS = 5 * contract.RENEWALS_PER_LEASE
 MAX_CONTAINERS = 64  # each of containers and initContainers
 MAX_VOLUMES = 256
 MAX_CONTAINER_NAME_LENGTH = 63
+# spec.catchUp and spec.suspendAfterFailures (issue 14); the CRD sets the same bounds.
+# A week back at most: slot claims are kept 90 days, so a slot run anywhere in the
+# window is still known to every cluster's guard, and one gap stays a bounded walk.
+MAX_CATCH_UP_WINDOW_SECONDS = 7 * 86400
+MAX_CATCH_UP_RUNS = 100
+MAX_SUSPEND_AFTER_FAILURES = 1000
 
 _T = TypeVar("_T")
 _MISSING: Any = object()
@@ -206,19 +214,51 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
     template = r.field(spec, "jobTemplate", "spec.jobTemplate", dict, required=True)
     if template is not None:
         _check_job_template(r, template, active, owner_labels(name) if name else {})
+    catch_up = _read_catch_up(r, spec)
+    suspend_after = r.field(spec, "suspendAfterFailures", "spec.suspendAfterFailures", int,
+                            required=False)
+    if suspend_after is not None and not 1 <= suspend_after <= MAX_SUSPEND_AFTER_FAILURES:
+        r.problem("spec.suspendAfterFailures", f"must be from 1 to {MAX_SUSPEND_AFTER_FAILURES} "
+                  f"(leave it unset to never suspend), not {suspend_after}")
 
     if (schedule is None or schedule_text is None or suspend is None or starting is None
             or active is None or successful is None or failed is None or recent is None
             or tolerance is None or lease is None or template is None
-            or zone is None or name is None):
+            or zone is None or name is None or catch_up is None):
         return None
     return GuardedCronJobSpec(
         schedule=schedule, schedule_text=schedule_text, time_zone=time_zone, zone=zone,
         suspend=suspend, starting_deadline_seconds=starting, active_deadline_seconds=active,
         successful_jobs_history_limit=successful, failed_jobs_history_limit=failed,
         recent_runs_limit=recent, missed_run_tolerance_seconds=tolerance, lease=lease,
-        job_template=copy.deepcopy(template),
+        job_template=copy.deepcopy(template), catch_up=catch_up,
+        suspend_after_failures=suspend_after,
     )
+
+
+def _read_catch_up(r: _Reader, spec: Mapping[str, Any]) -> CatchUpSpec | None:
+    """spec.catchUp; unset is policy None (no make-up runs, as before issue 14)."""
+    path = "spec.catchUp"
+    catch_up = r.field(spec, "catchUp", path, dict, required=False)
+    if catch_up is None:
+        return None if "catchUp" in spec and spec["catchUp"] is not None else CatchUpSpec()
+    default = CatchUpSpec()
+    policy = catch_up.get("policy", default.policy)
+    if policy not in get_args(CatchUpPolicy):
+        r.problem(f"{path}.policy", f"must be one of {', '.join(get_args(CatchUpPolicy))}, "
+                  f"not {policy!r}")
+        policy = None
+    window = r.integer({**{"windowSeconds": default.window_seconds}, **catch_up}, "windowSeconds",
+                       f"{path}.windowSeconds", minimum=60, maximum=MAX_CATCH_UP_WINDOW_SECONDS)
+    runs = r.integer({**{"maxRuns": default.max_runs}, **catch_up}, "maxRuns", f"{path}.maxRuns",
+                     minimum=1, maximum=MAX_CATCH_UP_RUNS)
+    if runs is not None and runs > 1 and policy is not None and policy != "All":
+        r.problem(f"{path}.maxRuns", f"above 1 needs {path}.policy All: None makes up nothing "
+                  f"and Latest makes up one slot, not {runs}")
+        runs = None
+    if policy is None or window is None or runs is None:
+        return None
+    return CatchUpSpec(policy=cast(CatchUpPolicy, policy), window_seconds=window, max_runs=runs)
 
 
 def _read_schedule(r: _Reader, text: str | None) -> Schedule | None:

@@ -10,7 +10,13 @@ from guardedcron.status.change import (
     status_changed,
     status_patch,
 )
-from guardedcron.status.compute import DEGRADED_AFTER_GUARD_ERRORS, compute_status, cronjob_mismatch
+from guardedcron.status.compute import (
+    DEGRADED_AFTER_GUARD_ERRORS,
+    SchedulingStatus,
+    compute_status,
+    cronjob_mismatch,
+    merge_runs,
+)
 from guardedcron.status.conditions import get_condition, is_true, set_condition
 from guardedcron.status.history import finished_runs
 from guardedcron.status.missed import MissedRun, find_missed_run, schedule_period_seconds
@@ -29,6 +35,7 @@ __all__ = [
     "Overlap",
     "RunEvent",
     "RunRecord",
+    "SchedulingStatus",
     "StatusChange",
     "classify_run",
     "compute_status",
@@ -38,6 +45,7 @@ __all__ = [
     "finished_runs",
     "get_condition",
     "is_true",
+    "merge_runs",
     "run_events",
     "schedule_period_seconds",
     "set_condition",

@@ -10,7 +10,7 @@ so an idle resync writes nothing: no field here moves with the clock alone
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -31,6 +31,30 @@ DEGRADED_AFTER_GUARD_ERRORS: Final = 3
 _Condition = tuple[str, cond.ConditionStatus, str, str]
 
 
+@dataclass(frozen=True)
+class SchedulingStatus:
+    """What the pass decided about catch-up, backfill and suspension after failures
+    (status/catchup.py, backfill.py, suspension.py), for status to show."""
+
+    catch_up: Mapping[str, Any] | None = None  # status.catchUp
+    backfill: Mapping[str, Any] | None = None  # status.backfill
+    failures: Mapping[str, Any] | None = None  # status.failures
+    suspended_for_failures: bool = False
+    failed_runs: tuple[str, ...] = ()
+
+
+def scheduling_of(previous: Mapping[str, Any]) -> SchedulingStatus:
+    """The previous pass's decisions, kept as they are (while the spec is invalid)."""
+    def item(key: str) -> Mapping[str, Any] | None:
+        value = previous.get(key)
+        return value if isinstance(value, Mapping) else None
+    failures = item("failures") or {}
+    return SchedulingStatus(
+        catch_up=item("catchUp"), backfill=item("backfill"), failures=item("failures"),
+        suspended_for_failures=failures.get("suspended") is True,
+        failed_runs=tuple(j for j in failures.get("failedRuns") or () if isinstance(j, str)))
+
+
 def compute_status(
     *,
     gcj: Mapping[str, Any],
@@ -43,6 +67,7 @@ def compute_status(
     now: datetime,
     apply_error: str | None = None,
     handled_trigger: str | None = None,
+    scheduling: SchedulingStatus | None = None,
 ) -> StatusChange:
     """The status to write over `previous_status`, and what follows from writing it.
 
@@ -55,8 +80,12 @@ def compute_status(
       CronJob of that name that this GuardedCronJob does not control), else None.
     - `handled_trigger`: the `guardedcron.io/trigger` token this pass made a manual run
       for; else the previous `lastTriggerToken` is kept.
+    - `scheduling`: catch-up, backfill and suspension after failures as this pass decided
+      them; None keeps the previous status's.
     """
     previous = previous_status or {}
+    scheduling = scheduling if scheduling is not None else scheduling_of(previous)
+    paused = scheduling.suspended_for_failures
     generation = _generation(gcj, parsed)
     problems = [f"{path}: {message}" for path, message in spec_problems]
     limit = parsed.spec.recent_runs_limit if parsed is not None else _previous_limit(previous)
@@ -79,7 +108,13 @@ def compute_status(
         status["lastTriggerToken"] = token
     if cronjob is not None:
         status["cronJobRef"] = {"name": str(get_path(cronjob, "metadata", "name") or "")}
-    if parsed is not None and not parsed.spec.suspend:
+    for key, value in (("catchUp", scheduling.catch_up), ("backfill", scheduling.backfill),
+                       ("failures", scheduling.failures)):
+        if value:
+            status[key] = dict(value)
+    if parsed is not None and parsed.spec.schedule_text != parsed.spec.written_schedule:
+        status["resolvedSchedule"] = parsed.spec.schedule_text  # spec.schedule's H resolved
+    if parsed is not None and not parsed.spec.suspend and not paused:
         upcoming = parsed.spec.schedule.next_after(now, parsed.spec.zone)
         if upcoming is not None:
             status["nextScheduleTime"] = format_time(upcoming)
@@ -102,10 +137,14 @@ def compute_status(
 
     put(*_invalid(problems))
     put(*_stalled(apply_error, parsed))
-    put(*_ready(gcj, parsed, cronjob, apply_error))
-    put(*_missed(gcj, parsed, cronjob, runs, status, now))
+    put(*_ready(gcj, parsed, cronjob, apply_error, paused=paused))
+    put(*_missed(gcj, parsed, cronjob, runs, status, now, paused=paused))
     put(*_overlap(runs))
     put(*_degraded(runs))
+    if parsed is not None and parsed.spec.suspend_after_failures is not None:
+        put(*_suspended(parsed, scheduling))
+    elif parsed is not None:  # the field was removed: so is its condition
+        conditions = [c for c in conditions if c.get("type") != cond.SUSPENDED]
     status["conditions"] = conditions
     return what_follows(previous=previous, before=before, status=status, after=after,
                         finished=finished, parsed=parsed, pods_by_job=pods_by_job, now=now)
@@ -185,20 +224,21 @@ def _stalled(apply_error: str | None, parsed: ParsedSpec | None) -> _Condition:
 
 
 def _ready(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[str, Any] | None,
-           apply_error: str | None) -> _Condition:
+           apply_error: str | None, *, paused: bool = False) -> _Condition:
     if parsed is None:
         return cond.READY, "False", "SpecInvalid", "the spec is invalid: see the Invalid condition"
     if apply_error:
         return cond.READY, "False", "CronJobRejected", "the CronJob could not be applied: see Stalled"
     if cronjob is None:
         return cond.READY, "False", "CronJobMissing", f"CronJob {parsed.name} does not exist yet"
-    mismatch = cronjob_mismatch(parsed, cronjob, uid=uid_of(gcj))
+    mismatch = cronjob_mismatch(parsed, cronjob, uid=uid_of(gcj), suspended_for_failures=paused)
     if mismatch is not None:
         return cond.READY, "False", "CronJobOutOfDate", f"CronJob {parsed.name} differs: {mismatch}"
     return cond.READY, "True", "CronJobReady", f"CronJob {parsed.name} is in place and guarded"
 
 
-def cronjob_mismatch(parsed: ParsedSpec, cronjob: Mapping[str, Any], *, uid: object = None) -> str | None:
+def cronjob_mismatch(parsed: ParsedSpec, cronjob: Mapping[str, Any], *, uid: object = None,
+                     suspended_for_failures: bool = False) -> str | None:
     """The first field where the live CronJob differs from what the spec makes, if any.
 
     Only fields guardedcron sets and the server does not default are compared; the
@@ -209,7 +249,7 @@ def cronjob_mismatch(parsed: ParsedSpec, cronjob: Mapping[str, Any], *, uid: obj
     expected: list[tuple[str, object, object]] = [
         ("spec.schedule", spec.schedule_text, live.get("schedule")),
         ("spec.timeZone", spec.time_zone, live.get("timeZone")),
-        ("spec.suspend", spec.suspend, bool(live.get("suspend", False))),
+        ("spec.suspend", spec.suspend or suspended_for_failures, bool(live.get("suspend", False))),
         ("spec.concurrencyPolicy", "Forbid", live.get("concurrencyPolicy")),
         ("spec.startingDeadlineSeconds", spec.starting_deadline_seconds, live.get("startingDeadlineSeconds")),
         (f"metadata.annotations[{contract.ANNOTATION_LOCK}]", spec.lease.name,
@@ -229,10 +269,10 @@ def cronjob_mismatch(parsed: ParsedSpec, cronjob: Mapping[str, Any], *, uid: obj
 
 def _missed(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[str, Any] | None,
             runs: list[RunRecord], status: Mapping[str, Any],
-            now: datetime) -> _Condition:
+            now: datetime, *, paused: bool = False) -> _Condition:
     if parsed is None:
         return cond.MISSED_RUN, "Unknown", "SpecInvalid", "no schedule to check while the spec is invalid"
-    if parsed.spec.suspend:
+    if parsed.spec.suspend or paused:
         return cond.MISSED_RUN, "False", "Suspended", "suspended: no runs are expected"
     created = parse_time(get_path(gcj, "metadata", "creationTimestamp")) \
         or parse_time(get_path(cronjob, "metadata", "creationTimestamp"))
@@ -252,6 +292,17 @@ def _missed(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[
     return (cond.MISSED_RUN, "True", "SlotMissed",
             f"no run for the slot at {format_time(missed.scheduled_at)} (Job {missed.job_name} was "
             f"never created); it was due by {format_time(missed.deadline)}")
+
+
+def _suspended(parsed: ParsedSpec, scheduling: SchedulingStatus) -> _Condition:
+    limit = parsed.spec.suspend_after_failures
+    if scheduling.suspended_for_failures:
+        runs = ", ".join(scheduling.failed_runs) or "unknown"
+        return (cond.SUSPENDED, "True", "RepeatedFailures",
+                f"the CronJob is suspended after {limit} failed runs in a row ({runs}); set the "
+                "annotation guardedcron.io/resume to a new value, or change the spec, to resume")
+    return (cond.SUSPENDED, "False", "NotSuspended",
+            f"runs go on; {limit} failed runs in a row would suspend the CronJob")
 
 
 def _overlap(runs: list[RunRecord]) -> _Condition:

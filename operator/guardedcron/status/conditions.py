@@ -24,7 +24,9 @@ STALLED: Final = "Stalled"
 MISSED_RUN: Final = "MissedRun"
 OVERLAP: Final = "Overlap"
 DEGRADED: Final = "Degraded"
-CONDITION_ORDER: Final = (READY, INVALID, STALLED, MISSED_RUN, OVERLAP, DEGRADED)
+# Only with spec.suspendAfterFailures set: True while the operator keeps the CronJob suspended.
+SUSPENDED: Final = "Suspended"
+CONDITION_ORDER: Final = (READY, INVALID, STALLED, MISSED_RUN, OVERLAP, DEGRADED, SUSPENDED)
 
 # Kubernetes caps a condition message at 32 KiB; status stays far smaller than that.
 MESSAGE_MAX: Final = 1024

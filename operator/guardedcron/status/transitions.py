@@ -49,6 +49,16 @@ class EventReason(StrEnum):
     # The CronJob's runs took another lock until this pass (e.g. a lease.name of before
     # issue 11, now inside the namespace): runs under the two names do not exclude each other.
     LOCK_CHANGED = "LockChanged"
+    # Catch-up, backfill and suspension after failures (issue 14; handlers/scheduling.py).
+    MAKE_UP_RUN_CREATED = "MakeUpRunCreated"
+    MAKE_UP_RUN_FAILED = "MakeUpRunFailed"
+    BACKFILL_STARTED = "BackfillStarted"
+    BACKFILL_RUN_CREATED = "BackfillRunCreated"
+    BACKFILL_COMPLETED = "BackfillCompleted"
+    BACKFILL_STOPPED = "BackfillStopped"
+    BACKFILL_REFUSED = "BackfillRefused"
+    SUSPENDED_AFTER_FAILURES = "SuspendedAfterFailures"
+    RESUMED_AFTER_FAILURES = "ResumedAfterFailures"
 
 
 _BY_OUTCOME: dict[Outcome, EventReason] = {
@@ -67,6 +77,8 @@ WARNINGS = frozenset({
     EventReason.GUARD_ERROR, EventReason.MISSED_RUN, EventReason.OVERLAP,
     EventReason.TRIGGER_FAILED, EventReason.WORKLOAD_STOPPED, EventReason.STOP_WORKLOAD_FAILED,
     EventReason.OUTCOME_NOT_RECORDED, EventReason.LOCK_NOT_ALLOWED, EventReason.LOCK_CHANGED,
+    EventReason.MAKE_UP_RUN_FAILED, EventReason.BACKFILL_REFUSED, EventReason.BACKFILL_STOPPED,
+    EventReason.SUSPENDED_AFTER_FAILURES,
 })
 
 

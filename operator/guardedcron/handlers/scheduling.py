@@ -1,0 +1,151 @@
+"""Catch-up, backfill and suspension after failures, as one pass acts on them (issue 14).
+
+The decisions are pure (status/catchup.py, backfill.py, suspension.py); here the pass
+reads their inputs from the GuardedCronJob (annotations, status, creation time), starts
+at most one Job for a past slot, and turns what changed into Events. A Job for a slot
+is named `<cronjob>-<slot>`, so a second attempt (a pass retried after its status write
+failed, a restart, the CronJob controller's own Job for that slot) gets AlreadyExists,
+which counts as started; across clusters the guard's slot claim decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from guardedcron import contract
+from guardedcron.builders.manual import ManualRunError, build_slot_job, slot_job_name
+from guardedcron.handlers.context import PassMemory
+from guardedcron.handlers.observe import Body
+from guardedcron.kube import JOBS, ApiError, Conflict, KubeClient
+from guardedcron.objects import controlled_by, get_path, uid_of
+from guardedcron.spec import ParsedSpec
+from guardedcron.status import EventReason, RunEvent, RunRecord, SchedulingStatus
+from guardedcron.status import backfill as backfill_status
+from guardedcron.status.catchup import plan_catch_up
+from guardedcron.status.suspension import SuspensionDecision, decide_suspension
+from guardedcron.status.times import epoch_minute, format_time, parse_time
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+_NOTE_REASONS: Mapping[str, EventReason] = {
+    "BackfillStarted": EventReason.BACKFILL_STARTED,
+    "BackfillCompleted": EventReason.BACKFILL_COMPLETED,
+    "BackfillStopped": EventReason.BACKFILL_STOPPED,
+    "BackfillRefused": EventReason.BACKFILL_REFUSED,
+    "SuspendedAfterFailures": EventReason.SUSPENDED_AFTER_FAILURES,
+    "ResumedAfterFailures": EventReason.RESUMED_AFTER_FAILURES,
+}
+
+
+@dataclass(frozen=True)
+class SlotsResult:
+    status: SchedulingStatus
+    events: list[RunEvent] = field(default_factory=list)
+    started: str | None = None  # the run kind of the Job this pass started, if any
+
+
+def annotation(gcj: Body, key: str) -> str | None:
+    value = ((gcj.get("metadata") or {}).get("annotations") or {}).get(key)
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def suspension_for(gcj: Body, parsed: ParsedSpec, runs: Sequence[RunRecord],
+                   previous: Mapping[str, Any], now: datetime) -> SuspensionDecision:
+    """Whether this pass keeps (or puts) the CronJob suspended after failures."""
+    generation = get_path(gcj, "metadata", "generation")
+    return decide_suspension(
+        parsed.spec.suspend_after_failures, runs_newest_first=runs,
+        previous=previous.get("failures") if isinstance(previous.get("failures"), Mapping) else None,
+        generation=generation if isinstance(generation, int) else 0,
+        resume_token=annotation(gcj, contract.ANNOTATION_RESUME), now=now)
+
+
+async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
+                       runs: Sequence[RunRecord], previous: Mapping[str, Any],
+                       suspension: SuspensionDecision, now: datetime, client: KubeClient,
+                       memory: PassMemory, logger: Logger) -> SlotsResult:
+    """Plan catch-up and advance the backfill; start at most one Job for a past slot
+    (catch-up first: a recent missed slot matters more than an old range)."""
+    suspended = parsed.spec.suspend or suspension.suspended
+    # One run at a time: the lease allows no more, and a Job started beside a running one
+    # would only be skipped (and its slot lost to it).
+    busy = any(not run.final for run in runs)
+    created = parse_time(get_path(gcj, "metadata", "creationTimestamp"))
+    usable = cronjob is not None and controlled_by(cronjob, uid_of(gcj))
+    events: list[RunEvent] = []
+    if suspension.note is not None:
+        reason, message = suspension.note
+        events.append(RunEvent(_NOTE_REASONS[reason], message, subject=message))
+
+    previous_catch_up = previous.get("catchUp") if isinstance(previous.get("catchUp"), Mapping) else None
+    plan = plan_catch_up(parsed, runs=runs, created_at=created, last_schedule_time=parse_time(
+        get_path(cronjob, "status", "lastScheduleTime")), previous=previous_catch_up,
+        busy=busy or not usable, suspended=suspended, now=now) if created is not None else None
+    catch_up = plan.to_status(previous_catch_up) if plan is not None else None
+    started: str | None = None
+    if plan is not None and plan.start is not None and cronjob is not None:
+        made, event = await _start_slot_job(gcj, cronjob, plan.start, contract.RUN_KIND_CATCH_UP,
+                                            client=client, memory=memory, logger=logger)
+        events += event
+        if made:
+            started, busy = contract.RUN_KIND_CATCH_UP, True
+
+    step = backfill_status.advance_backfill(
+        parsed, annotation=annotation(gcj, contract.ANNOTATION_BACKFILL),
+        previous=previous.get("backfill") if isinstance(previous.get("backfill"), Mapping) else None,
+        runs=runs, busy=busy or not usable, suspended=suspended, now=now)
+    backfill = step.status
+    events += [RunEvent(_NOTE_REASONS[reason], message, subject=message) for reason, message in step.notes]
+    if step.start is not None and backfill is not None and cronjob is not None:
+        made, event = await _start_slot_job(gcj, cronjob, step.start, contract.RUN_KIND_BACKFILL,
+                                            client=client, memory=memory, logger=logger)
+        events += event
+        if made:
+            started = contract.RUN_KIND_BACKFILL
+            name = slot_job_name(str(get_path(cronjob, "metadata", "name")), epoch_minute(step.start))
+            backfill = backfill_status.started(backfill, name)
+    status = SchedulingStatus(
+        catch_up=catch_up, backfill=backfill, failures=suspension.status,
+        suspended_for_failures=suspension.suspended, failed_runs=suspension.failed_runs)
+    return SlotsResult(status=status, events=events, started=started)
+
+
+async def _start_slot_job(gcj: Body, cronjob: Body, slot_time: datetime, kind: str, *,
+                          client: KubeClient, memory: PassMemory, logger: Logger
+                          ) -> tuple[bool, list[RunEvent]]:
+    """Create the Job for one past slot: (started, Events). AlreadyExists is started."""
+    slot = epoch_minute(slot_time)
+    namespace = str(get_path(cronjob, "metadata", "namespace") or "")
+    name = slot_job_name(str(get_path(cronjob, "metadata", "name") or ""), slot)
+    what = "make-up run" if kind == contract.RUN_KIND_CATCH_UP else "backfill run"
+
+    def failed(why: str) -> tuple[bool, list[RunEvent]]:
+        # Once per slot in this process: every Job event starts a pass.
+        if not memory.first_time(uid_of(gcj), f"{kind}\n{slot}"):
+            return False, []
+        message = f"no {what} for the slot at {format_time(slot_time)}: {why}"
+        logger.info(message)
+        return False, [RunEvent(EventReason.MAKE_UP_RUN_FAILED, message, subject=name)]
+
+    try:
+        job = build_slot_job(cronjob, slot=slot, scheduled_at=format_time(slot_time), run_kind=kind)
+    except ManualRunError as error:
+        return failed(f"CronJob {name} cannot give a guarded run: {error}")
+    try:
+        await client.create(JOBS, namespace, job)
+    except Conflict:
+        logger.info(f"Job {name} for the slot at {format_time(slot_time)} already exists.")
+        return True, []
+    except ApiError as error:
+        if error.namespace_terminating:
+            return False, []
+        return failed(f"the API server refused Job {name}: {error}")
+    logger.info(f"Created Job {name}, a {what} for the slot at {format_time(slot_time)}.")
+    reason = EventReason.MAKE_UP_RUN_CREATED if kind == contract.RUN_KIND_CATCH_UP \
+        else EventReason.BACKFILL_RUN_CREATED
+    return True, [RunEvent(reason, f"{what} {name} created for the slot at {format_time(slot_time)}",
+                           subject=name)]

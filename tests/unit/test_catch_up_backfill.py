@@ -1,0 +1,268 @@
+"""Catch-up and backfill decisions (status/catchup.py, status/backfill.py), with an
+injected clock: which past slot the operator starts next, and how a backfill advances.
+
+Schedules are in UTC here ("*/10 * * * *": slots on the tens of minutes); spec
+startingDeadlineSeconds 600 and missedRunToleranceSeconds 60 make a slot due (missed if
+it has no run) 11 minutes after it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from guardedcron import contract
+from guardedcron.builders.manual import build_slot_job
+from guardedcron.spec import ParsedSpec, SpecError, parse_guarded_cronjob
+from guardedcron.status import Outcome, RunRecord, classify_run
+from guardedcron.status.backfill import (
+    COMPLETED,
+    INVALID,
+    RUNNING,
+    STOPPED,
+    BackfillRequestError,
+    advance_backfill,
+    parse_backfill,
+    started,
+)
+from guardedcron.status.catchup import plan_catch_up
+from guardedcron.status.runs import is_manual, scheduled_slot
+from guardedcron.status.times import epoch_minute, format_time
+from tests.support.gcj import DEFAULT_SETTINGS, base_gcj, put
+
+NOW = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC)
+CREATED = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def at(hhmm: str) -> datetime:
+    hour, minute = hhmm.split(":")
+    return NOW.replace(hour=int(hour), minute=int(minute), second=0)
+
+
+def parsed(**spec: Any) -> ParsedSpec:
+    body = put(base_gcj(), "spec.schedule", "*/10 * * * *")
+    body = put(body, "spec.timeZone", "UTC")
+    for key, value in spec.items():
+        body = put(body, f"spec.{key}", value)
+    return parse_guarded_cronjob(body)
+
+
+def ran(slot: datetime, outcome: Outcome = Outcome.SUCCEEDED, *, final: bool = True) -> RunRecord:
+    minute = epoch_minute(slot)
+    return RunRecord(job=f"nightly-invoices-{minute}", outcome=outcome, reason="x", slot=minute,
+                     scheduled_at=slot, started_at=slot,
+                     finished_at=slot + timedelta(minutes=1) if final else None)
+
+
+def plan(spec: ParsedSpec, runs: list[RunRecord], *, previous: dict[str, Any] | None = None,
+         busy: bool = False, suspended: bool = False, now: datetime = NOW) -> Any:
+    return plan_catch_up(spec, runs=runs, created_at=CREATED, last_schedule_time=None,
+                         previous=previous, busy=busy, suspended=suspended, now=now)
+
+
+# --- spec ----------------------------------------------------------------------------
+
+def test_catch_up_defaults_to_none_and_suspend_after_failures_to_never() -> None:
+    spec = parse_guarded_cronjob(base_gcj()).spec
+    assert (spec.catch_up.policy, spec.catch_up.window_seconds, spec.catch_up.max_runs) == ("None", 3600, 1)
+    assert spec.suspend_after_failures is None
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("catchUp", {"policy": "Latest", "maxRuns": 2}, "above 1 needs spec.catchUp.policy All"),
+    ("catchUp", {"policy": "Sometimes"}, "must be one of None, Latest, All"),
+    ("catchUp", {"policy": "All", "windowSeconds": 59}, "must be at least 60"),
+    ("catchUp", {"policy": "All", "windowSeconds": 604801}, "must be at most 604800"),
+    ("catchUp", {"policy": "All", "maxRuns": 101}, "must be at most 100"),
+    ("catchUp", "All", "must be an object"),
+    ("suspendAfterFailures", 0, "must be from 1 to 1000"),
+    ("suspendAfterFailures", True, "must be an integer"),
+])
+def test_bad_fields_are_refused_with_their_path(field: str, value: Any, words: str) -> None:
+    with pytest.raises(SpecError) as error:
+        parse_guarded_cronjob(put(base_gcj(), f"spec.{field}", value))
+    [(path, message)] = error.value.problems
+    assert path.startswith(f"spec.{field}") and words in message, error.value.problems
+
+
+# --- catch-up --------------------------------------------------------------------------
+
+def test_policy_none_plans_nothing() -> None:
+    assert plan(parsed(), []) is None
+
+
+def test_latest_makes_up_the_newest_missed_slot_and_gives_up_older_ones() -> None:
+    spec = parsed(catchUp={"policy": "Latest", "windowSeconds": 3600})
+    # Due by now: slots up to 11:40 (11:50 is due at 12:01). 11:10 ran; 11:20-11:40 missed.
+    result = plan(spec, [ran(at("11:10"))])
+    assert result.start == at("11:40")
+    assert result.given_up == (at("11:20"), at("11:30"))
+    assert result.settled_through == at("11:30")  # the choice cannot move to 11:30 next pass
+
+
+def test_all_makes_up_oldest_first_within_max_runs_one_per_pass() -> None:
+    spec = parsed(catchUp={"policy": "All", "windowSeconds": 7200, "maxRuns": 3})
+    # Missed since 10:10 (window floor 10:00:30): 10:10 ... 11:40, newest three kept.
+    first = plan(spec, [])
+    assert first.start == at("11:20")
+    assert first.given_up[-1] == at("11:10") and first.settled_through == at("11:10")
+    status = first.to_status(None)
+    # The make-up Job for 11:20 exists (running): busy, nothing more starts.
+    running = [ran(at("11:20"), final=False)]
+    second = plan(spec, running, previous=status, busy=True)
+    assert second.start is None and second.settled_through == at("11:10")
+    # Finished: the next oldest of the chosen ones, never an older given-up one.
+    third = plan(spec, [ran(at("11:20"))], previous=status)
+    assert third.start == at("11:30")
+    fourth = plan(spec, [ran(at("11:20")), ran(at("11:30"))], previous=status)
+    assert fourth.start == at("11:40")
+    done = plan(spec, [ran(at(t)) for t in ("11:20", "11:30", "11:40")], previous=status)
+    assert done.start is None and done.settled_through == at("11:40")
+
+
+def test_a_slot_is_missed_only_past_its_deadline_and_inside_the_window() -> None:
+    spec = parsed(catchUp={"policy": "All", "windowSeconds": 1800, "maxRuns": 10})
+    # Floor 11:30:30: 11:40 is the only due slot inside it; 11:50 is not due until 12:01.
+    result = plan(spec, [])
+    assert (result.start, result.given_up) == (at("11:40"), ())
+
+
+def test_guard_error_slots_are_missed_skipped_and_manual_are_not() -> None:
+    spec = parsed(catchUp={"policy": "All", "windowSeconds": 1800, "maxRuns": 10})
+    guard_error = ran(at("11:40"), Outcome.GUARD_ERROR)
+    assert plan(spec, [guard_error]).start == at("11:40")
+    assert plan(spec, [ran(at("11:40"), Outcome.SKIPPED)]).start is None
+    manual = RunRecord(job="nightly-invoices-manual-bcdfg", outcome=Outcome.SUCCEEDED, reason="x",
+                       manual=True, finished_at=at("11:45"))
+    assert plan(spec, [manual]).start == at("11:40")
+
+
+def test_slots_before_the_watermark_or_while_suspended_are_never_made_up() -> None:
+    spec = parsed(catchUp={"policy": "All", "windowSeconds": 7200, "maxRuns": 100})
+    suspended = plan(spec, [], suspended=True)
+    assert suspended.start is None and suspended.settled_through == at("11:40")
+    later = plan(spec, [], previous=suspended.to_status(None), now=NOW + timedelta(minutes=10))
+    assert later.start == at("11:50")  # only what was missed after the suspension ended
+
+
+def test_slots_before_the_guardedcronjob_existed_are_not_missed() -> None:
+    spec = parsed(catchUp={"policy": "All", "windowSeconds": 7200, "maxRuns": 100})
+    result = plan_catch_up(spec, runs=[], created_at=at("11:25"), last_schedule_time=None,
+                           previous=None, busy=False, suspended=False, now=NOW)
+    assert result.start == at("11:30")
+
+
+# --- the Job for a slot ----------------------------------------------------------------
+
+def cronjob() -> dict[str, Any]:
+    from guardedcron.builders import build_cronjob
+
+    built = build_cronjob(parsed(), DEFAULT_SETTINGS)
+    built["metadata"]["uid"] = "cj-uid"
+    return built
+
+
+@pytest.mark.parametrize("kind", [contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL])
+def test_a_slot_job_is_a_scheduled_run_of_its_slot_marked_with_its_kind(kind: str) -> None:
+    slot = epoch_minute(at("11:40"))
+    job = build_slot_job(cronjob(), slot=slot, scheduled_at=format_time(at("11:40")), run_kind=kind)
+    assert job["metadata"]["name"] == f"nightly-invoices-{slot}"
+    assert contract.slot_from_job_name(job["metadata"]["name"], "nightly-invoices") == slot
+    annotations = job["metadata"]["annotations"]
+    assert annotations[contract.ANNOTATION_RUN_KIND] == kind
+    assert job["spec"]["template"]["metadata"]["annotations"][contract.ANNOTATION_RUN_KIND] == kind
+    assert not is_manual(job) and scheduled_slot(job) == slot
+    assert classify_run(job, []).slot == slot
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "CronJob"
+
+
+# --- backfill ---------------------------------------------------------------------------
+
+def test_the_annotation_is_parsed_and_bad_ones_are_refused_with_the_reason() -> None:
+    request = parse_backfill("b1:2026-12-01T10:00:00Z/2026-12-01T11:00:00+00:00", now=NOW)
+    assert (request.token, request.since, request.until) == ("b1", at("10:00"), at("11:00"))
+    assert request.annotation() == "b1:2026-12-01T10:00:00Z/2026-12-01T11:00:00Z"
+    for value, words in [
+        ("2026-12-01/2026-12-02", "must be <token>:<since>/<until>"),
+        (":2026-12-01T10:00:00Z/2026-12-01T11:00:00Z", "must be <token>:<since>/<until>"),
+        ("a/b:2026-12-01T10:00:00Z/2026-12-01T11:00:00Z", "the token must not contain '/'"),
+        ("b1:2026-12-01T10:00:00Z", "the range must be <since>/<until>"),
+        ("b1:yesterday/2026-12-01T11:00:00Z", "since 'yesterday' is not an RFC 3339 time"),
+        ("b1:2026-12-01T10:00:00/2026-12-01T11:00:00Z", "with an offset"),
+        ("b1:2026-12-01T11:00:00Z/2026-12-01T10:00:00Z", "must be before until"),
+        ("b1:2026-12-01T11:00:00Z/2026-12-02T10:00:00Z", "is in the future"),
+    ]:
+        with pytest.raises(BackfillRequestError, match=words.replace("(", r"\(")):
+            parse_backfill(value, now=NOW)
+
+
+def step(spec: ParsedSpec, annotation: str | None, previous: dict[str, Any] | None,
+         runs: list[RunRecord], *, busy: bool = False, suspended: bool = False) -> Any:
+    return advance_backfill(spec, annotation=annotation, previous=previous, runs=runs, busy=busy,
+                            suspended=suspended, now=NOW)
+
+
+ANNOTATION = "b1:2026-12-01T10:00:00Z/2026-12-01T10:40:00Z"  # slots 10:00, 10:10, 10:20, 10:30
+
+
+def test_a_backfill_runs_its_slots_one_at_a_time_oldest_first_skipping_those_that_ran() -> None:
+    spec = parsed()
+    runs = [ran(at("10:10"))]  # already ran here: skipped without a Job
+    first = step(spec, ANNOTATION, None, runs)
+    assert first.start == at("10:00") and first.notes[0][0] == "BackfillStarted"
+    status = started(first.status, f"nightly-invoices-{epoch_minute(at('10:00'))}")
+    assert status["remaining"] == 4 and status["state"] == RUNNING
+    # Its run is going: nothing more starts.
+    going = [*runs, ran(at("10:00"), final=False)]
+    assert step(spec, ANNOTATION, status, going).start is None
+    # It ran; 10:10 has a run already (skipped); 10:20 is next.
+    second = step(spec, ANNOTATION, status, [*runs, ran(at("10:00"))])
+    assert second.start == at("10:20")
+    assert (second.status["done"], second.status["skipped"], second.status["remaining"]) == (1, 1, 2)
+    status = started(second.status, f"nightly-invoices-{epoch_minute(at('10:20'))}")
+    # The 10:20 run was skipped by its guard (the slot ran in another cluster).
+    third = step(spec, ANNOTATION, status, [*runs, ran(at("10:00")), ran(at("10:20"), Outcome.SKIPPED)])
+    assert third.start == at("10:30") and third.status["skipped"] == 2
+    status = started(third.status, f"nightly-invoices-{epoch_minute(at('10:30'))}")
+    last = step(spec, ANNOTATION, status, [ran(at(t)) for t in ("10:00", "10:10", "10:30")]
+                + [ran(at("10:20"), Outcome.SKIPPED)])
+    assert last.start is None and last.status["state"] == COMPLETED
+    assert (last.status["done"], last.status["skipped"], last.status["remaining"]) == (2, 2, 0)
+    # One backfill per token: the same annotation again starts nothing.
+    again = step(spec, ANNOTATION, last.status, [])
+    assert again.start is None and again.status == last.status and again.notes == ()
+
+
+def test_a_backfill_waits_while_another_run_is_active() -> None:
+    result = step(parsed(), ANNOTATION, None, [], busy=True)
+    assert result.start is None and result.status["next"] == format_time(at("10:00"))
+
+
+def test_removing_the_annotation_or_suspending_stops_it_for_good() -> None:
+    spec = parsed()
+    status = started(step(spec, ANNOTATION, None, []).status, "nightly-invoices-x")
+    removed = step(spec, None, status, [])
+    assert removed.status["state"] == STOPPED and "was removed" in removed.status["message"]
+    assert step(spec, ANNOTATION, removed.status, []).start is None  # the same token: no restart
+    paused = step(spec, ANNOTATION, status, [], suspended=True)
+    assert paused.status["state"] == STOPPED and paused.start is None
+    fresh = step(spec, "b2" + ANNOTATION[2:], removed.status, [])
+    assert fresh.start == at("10:00") and fresh.status["token"] == "b2"
+
+
+def test_a_bad_annotation_is_recorded_once_as_invalid() -> None:
+    result = step(parsed(), "b1:not-a-range", None, [])
+    assert result.start is None and result.status["state"] == INVALID
+    assert result.notes[0][0] == "BackfillRefused"
+    assert step(parsed(), "b1:not-a-range", result.status, []).notes == ()
+
+
+def test_the_guard_of_a_slot_job_is_told_its_run_kind() -> None:
+    slot = epoch_minute(at("11:40"))
+    job = build_slot_job(cronjob(), slot=slot, scheduled_at=format_time(at("11:40")),
+                         run_kind=contract.RUN_KIND_BACKFILL)
+    [guard] = [c for c in job["spec"]["template"]["spec"]["initContainers"]
+               if c["name"] == contract.GUARD_CONTAINER]
+    assert guard["args"][-2:] == [contract.GUARD_RUN_KIND_FLAG, contract.RUN_KIND_BACKFILL]
