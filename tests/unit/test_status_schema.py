@@ -84,3 +84,24 @@ def test_outcomes_in_the_crd_are_the_ones_classified() -> None:
 
     last_run = status_schema()["properties"]["lastRun"]["properties"]["outcome"]
     assert sorted(last_run["enum"]) == sorted(o.value for o in Outcome)
+
+
+def test_catch_up_backfill_and_failures_are_declared(runs: Runs) -> None:
+    """Issue 14's status fields, as compute_status writes them, survive pruning."""
+    gcj = the_gcj(created=slot(10) - timedelta(minutes=1))
+    previous = {
+        "catchUp": {"settledThrough": "2026-12-01T10:00:00Z", "givenUp": ["2026-12-01T09:50:00Z"]},
+        "backfill": {"token": "b1", "state": "Running", "since": "2026-12-01T08:00:00Z",
+                     "until": "2026-12-01T09:00:00Z", "next": "2026-12-01T08:10:00Z",
+                     "running": "nightly-invoices-29408890", "done": 1, "skipped": 0, "remaining": 5,
+                     "message": "x"},
+        "failures": {"suspended": True, "since": "2026-12-01T10:00:00Z", "generation": 3,
+                     "failedRuns": ["a", "b"], "countFrom": "2026-12-01T09:00:00Z",
+                     "lastResumeToken": "r1"},
+    }
+    # Without a decision of this pass (scheduling=None), compute_status keeps them.
+    status = compute([], previous, slot(20), gcj=gcj)
+    assert {key: status[key] for key in previous} == previous
+    schema = status_schema()
+    assert undeclared(status, schema) == []
+    jsonschema.validate(status, schema)
