@@ -123,7 +123,8 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     previous = memory.written_status(uid) or gcj.get("status") or {}
     # The runs as the previous status and the live Jobs tell them: whether failures
     # suspend the CronJob is decided before it is applied (compute_status reads them again).
-    runs = newest_first(merge_runs(known_records(previous), observed.jobs, observed.pods_by_job, now))
+    remembered = known_records(previous)
+    runs = newest_first(merge_runs(remembered, observed.jobs, observed.pods_by_job, now))
     suspension = (suspension_for(gcj, parsed, runs, previous, now) if parsed is not None
                   else SuspensionDecision(suspended=False, status=None))
     if parsed is not None:
@@ -168,7 +169,8 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     change = compute_status(
         gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=cronjob, jobs=observed.jobs,
         pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
-        apply_error=apply_error, handled_trigger=trigger.handled, scheduling=scheduling)
+        apply_error=apply_error, handled_trigger=trigger.handled, scheduling=scheduling,
+        remembered=remembered)
     if trouble is not None:
         # Once per change, not once per pass: kopf posts warnings as Events, and a
         # resync over an object that is still invalid must write nothing.

@@ -68,6 +68,7 @@ def compute_status(
     apply_error: str | None = None,
     handled_trigger: str | None = None,
     scheduling: SchedulingStatus | None = None,
+    remembered: Mapping[str, RunRecord] | None = None,
 ) -> StatusChange:
     """The status to write over `previous_status`, and what follows from writing it.
 
@@ -82,6 +83,8 @@ def compute_status(
       for; else the previous `lastTriggerToken` is kept.
     - `scheduling`: catch-up, backfill and suspension after failures as this pass decided
       them; None keeps the previous status's.
+    - `remembered`: `known_records(previous_status)` when the caller has read them already
+      (each record is parsed once per pass).
     """
     previous = previous_status or {}
     scheduling = scheduling if scheduling is not None else scheduling_of(previous)
@@ -90,7 +93,7 @@ def compute_status(
     problems = [f"{path}: {message}" for path, message in spec_problems]
     limit = parsed.spec.recent_runs_limit if parsed is not None else _previous_limit(previous)
 
-    before = known_records(previous)
+    before = remembered if remembered is not None else known_records(previous)
     runs = newest_first(merge_runs(before, jobs, pods_by_job, now))
     status: dict[str, Any] = {
         "observedGeneration": generation,

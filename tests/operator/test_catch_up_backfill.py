@@ -1,0 +1,163 @@
+"""Catch-up, backfill and suspension after failures against the emulator: the Jobs a pass
+starts for past slots (one at a time, named for the slot, never twice), the backfill
+annotation's progress, and the CronJob suspended (never the spec) after failed runs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kmock
+
+from guardedcron import contract
+from guardedcron.handlers.context import PassMemory
+from guardedcron.kube import GUARDED_CRONJOBS, KubeClient
+from guardedcron.status.runs import is_manual, scheduled_slot
+from guardedcron.status.times import epoch_minute, format_time, parse_time
+from tests.operator.passes import create_gcj
+from tests.operator.runs_support import full_pass, store_run
+from tests.support import status_objects as k
+from tests.support.emulator import GuardedEmulator
+from tests.support.gcj import base_gcj, put
+
+NS, NAME = "billing", "nightly-invoices"
+GCJ_RES, JOB_RES, CRONJOB_RES = "guardedcron.io/v1alpha1/guardedcronjobs", "batch/v1/jobs", "batch/v1/cronjobs"
+
+
+def jobs(api: GuardedEmulator) -> list[dict[str, Any]]:
+    return sorted((obj.raw for key, obj in api.objects.items()
+                   if key[0] == kmock.resource(JOB_RES) and not obj.deleted),
+                  key=lambda j: j["metadata"]["name"])
+
+
+def events(api: GuardedEmulator, reason: str) -> list[dict[str, Any]]:
+    return [r.data for r in api.writes() if r.method.value == "POST" and r.url.path.endswith("/events")
+            and r.data["reason"] == reason]
+
+
+def status(api: GuardedEmulator) -> dict[str, Any]:
+    return dict((api.object(GCJ_RES, NS, NAME) or {}).get("status") or {})
+
+
+def every_ten_minutes(**spec: Any) -> dict[str, Any]:
+    body = put(put(base_gcj(), "spec.schedule", "*/10 * * * *"), "spec.timeZone", "UTC")
+    for key, value in spec.items():
+        body = put(body, f"spec.{key}", value)
+    return body
+
+
+async def created_at(client: KubeClient, body: dict[str, Any]) -> datetime:
+    created = parse_time((await create_gcj(client, body))["metadata"]["creationTimestamp"])
+    assert created is not None
+    return created
+
+
+def tens(t: datetime) -> datetime:
+    """The ten-minute slot at or before `t`."""
+    return t.replace(minute=t.minute - t.minute % 10, second=0, microsecond=0)
+
+
+async def test_missed_slots_are_made_up_one_at_a_time_oldest_first_never_twice(
+        api: GuardedEmulator, client: KubeClient) -> None:
+    created = await created_at(client, every_ten_minutes(
+        catchUp={"policy": "All", "windowSeconds": 7200, "maxRuns": 2}))
+    now = tens(created) + timedelta(minutes=61)  # five slots due since creation, none ran
+    memory = PassMemory()
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+
+    (job,) = jobs(api)
+    newest_due = tens(now - timedelta(minutes=11))
+    oldest_chosen = newest_due - timedelta(minutes=10)  # maxRuns 2: the newest two, oldest first
+    assert job["metadata"]["name"] == f"{NAME}-{epoch_minute(oldest_chosen)}"
+    assert job["metadata"]["annotations"][contract.ANNOTATION_RUN_KIND] == contract.RUN_KIND_CATCH_UP
+    assert not is_manual(job) and scheduled_slot(job) == epoch_minute(oldest_chosen)
+    assert job["spec"]["template"]["spec"]["initContainers"][0]["name"] == contract.GUARD_CONTAINER
+    (event,) = events(api, "MakeUpRunCreated")
+    assert job["metadata"]["name"] in event["message"]
+    written = status(api)["catchUp"]
+    assert parse_time(written["settledThrough"]) == oldest_chosen - timedelta(minutes=10)
+    assert len(written["givenUp"]) == 3  # the three older missed slots
+
+    # Its Job is active: nothing more starts.
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+    assert len(jobs(api)) == 1
+    # A restarted operator whose status write was lost tries the same slot: AlreadyExists.
+    await client.patch_status(GUARDED_CRONJOBS, NS, NAME, {"catchUp": None, "recentRuns": None,
+                                                            "lastRun": None})
+    await full_pass(client, NS, NAME, now=now, memory=PassMemory())
+    assert [j["metadata"]["name"] for j in jobs(api)] == [job["metadata"]["name"]]
+
+
+async def test_policy_none_starts_nothing(api: GuardedEmulator, client: KubeClient) -> None:
+    created = await created_at(client, every_ten_minutes())
+    await full_pass(client, NS, NAME, now=tens(created) + timedelta(minutes=61), memory=PassMemory())
+    assert jobs(api) == []
+    assert "catchUp" not in status(api)
+
+
+async def test_a_backfill_starts_with_its_oldest_slot_and_stops_when_the_annotation_goes(
+        api: GuardedEmulator, client: KubeClient) -> None:
+    await created_at(client, every_ten_minutes())
+    now = datetime.now(UTC) + timedelta(minutes=1)
+    since = tens(now) - timedelta(hours=2)
+    value = f"b1:{format_time(since)}/{format_time(since + timedelta(minutes=30))}"
+    await client.merge_patch(GUARDED_CRONJOBS, NS, NAME,
+                             {"metadata": {"annotations": {contract.ANNOTATION_BACKFILL: value}}})
+    memory = PassMemory()
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+
+    (job,) = jobs(api)
+    assert job["metadata"]["name"] == f"{NAME}-{epoch_minute(since)}"
+    assert job["metadata"]["annotations"][contract.ANNOTATION_RUN_KIND] == contract.RUN_KIND_BACKFILL
+    backfill = status(api)["backfill"]
+    assert (backfill["token"], backfill["state"], backfill["running"]) == ("b1", "Running", job["metadata"]["name"])
+    assert backfill["remaining"] == 3 and parse_time(backfill["next"]) == since
+    assert events(api, "BackfillStarted") and events(api, "BackfillRunCreated")
+
+    await client.merge_patch(GUARDED_CRONJOBS, NS, NAME,
+                             {"metadata": {"annotations": {contract.ANNOTATION_BACKFILL: None}}})
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+    backfill = status(api)["backfill"]
+    assert backfill["state"] == "Stopped" and "removed" in backfill["message"]
+    assert len(jobs(api)) == 1
+    (stopped,) = events(api, "BackfillStopped")
+    assert stopped["type"] == "Warning"
+
+
+async def test_failed_runs_in_a_row_suspend_the_cronjob_and_a_resume_token_resumes_it(
+        api: GuardedEmulator, client: KubeClient) -> None:
+    created = await created_at(client, every_ten_minutes(suspendAfterFailures=2))
+    memory = PassMemory()
+    first = tens(created) + timedelta(minutes=10)
+    for slot in (first, first + timedelta(minutes=10)):
+        await store_run(client, k.job(slot_time=slot, created=slot, started=slot, conditions=k.failed_conditions(
+            "BackoffLimitExceeded", "Job has reached the specified backoff limit", slot + timedelta(minutes=1))), [])
+    now = first + timedelta(minutes=15)
+    await full_pass(client, NS, NAME, now=now, memory=memory)  # sees the runs fail
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+
+    cronjob = api.object(CRONJOB_RES, NS, NAME) or {}
+    assert cronjob["spec"]["suspend"] is True
+    gcj = api.object(GCJ_RES, NS, NAME) or {}
+    assert gcj["spec"]["suspend"] is False  # the spec is never written
+    [condition] = [c for c in status(api)["conditions"] if c["type"] == "Suspended"]
+    assert (condition["status"], condition["reason"]) == ("True", "RepeatedFailures")
+    assert f"{NAME}-{epoch_minute(first)}" in condition["message"]
+    (event,) = events(api, "SuspendedAfterFailures")
+    assert event["type"] == "Warning"
+    [ready] = [c for c in status(api)["conditions"] if c["type"] == "Ready"]
+    assert ready["status"] == "True", ready
+
+    # Still suspended on the next pass; a resume token resumes it, once.
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+    assert (api.object(CRONJOB_RES, NS, NAME) or {})["spec"]["suspend"] is True
+    await client.merge_patch(GUARDED_CRONJOBS, NS, NAME,
+                             {"metadata": {"annotations": {contract.ANNOTATION_RESUME: "r1"}}})
+    await full_pass(client, NS, NAME, now=now + timedelta(minutes=1), memory=memory)
+    assert (api.object(CRONJOB_RES, NS, NAME) or {})["spec"]["suspend"] is False
+    assert status(api)["failures"]["lastResumeToken"] == "r1"
+    [condition] = [c for c in status(api)["conditions"] if c["type"] == "Suspended"]
+    assert condition["status"] == "False"
+    assert events(api, "ResumedAfterFailures")
+    await full_pass(client, NS, NAME, now=now + timedelta(minutes=2), memory=memory)
+    assert (api.object(CRONJOB_RES, NS, NAME) or {})["spec"]["suspend"] is False
