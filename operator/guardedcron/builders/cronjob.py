@@ -36,6 +36,8 @@ def build_cronjob(parsed: ParsedSpec, settings: OperatorSettings, *,
         "labels": owner_labels(parsed.name),
         "annotations": {contract.ANNOTATION_LOCK: spec.lease.name},
     }
+    if spec.schedule_text != spec.written_schedule:  # H resolved: say from what
+        metadata["annotations"][contract.ANNOTATION_WRITTEN_SCHEDULE] = spec.written_schedule
     if parsed.uid is not None:
         metadata["ownerReferences"] = [build_owner_reference(parsed.name, parsed.uid)]
 

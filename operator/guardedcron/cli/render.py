@@ -120,11 +120,6 @@ def render_documents(documents: list[Document], crd: Mapping[str, Any],
             reasons.extend(f"{where}: {problem}" for problem in exc.problems)
             continue
         cronjobs.append(build_cronjob(parsed, settings))
-        if parsed.spec.schedule_text != parsed.spec.written_schedule:
-            # stdout stays the CronJobs alone (for pipes); the resolution is said aside.
-            sys.stderr.write(f"guardedcron render: {where}: schedule "
-                             f"{parsed.spec.written_schedule!r} resolves to "
-                             f"{parsed.spec.schedule_text!r} for lock {parsed.spec.lease.name}\n")
     return cronjobs, reasons
 
 
