@@ -21,7 +21,8 @@ from tests.support.emulator import GuardedEmulator
 from tests.support.gcj import base_gcj, put
 
 NS, NAME = "billing", "nightly-invoices"
-GCJ_RES, JOB_RES, CRONJOB_RES = "guardedcron.io/v1alpha1/guardedcronjobs", "batch/v1/jobs", "batch/v1/cronjobs"
+GCJ_RES = "guardedcron.io/v1alpha1/guardedcronjobs"
+JOB_RES, CRONJOB_RES = "batch/v1/jobs", "batch/v1/cronjobs"
 
 
 def jobs(api: GuardedEmulator) -> list[dict[str, Any]]:
@@ -110,7 +111,8 @@ async def test_a_backfill_starts_with_its_oldest_slot_and_stops_when_the_annotat
     assert job["metadata"]["name"] == f"{NAME}-{epoch_minute(since)}"
     assert job["metadata"]["annotations"][contract.ANNOTATION_RUN_KIND] == contract.RUN_KIND_BACKFILL
     backfill = status(api)["backfill"]
-    assert (backfill["token"], backfill["state"], backfill["running"]) == ("b1", "Running", job["metadata"]["name"])
+    assert backfill["token"] == "b1" and backfill["state"] == "Running"
+    assert backfill["running"] == job["metadata"]["name"]
     assert backfill["remaining"] == 3 and parse_time(backfill["next"]) == since
     assert events(api, "BackfillStarted") and events(api, "BackfillRunCreated")
 
@@ -130,8 +132,9 @@ async def test_failed_runs_in_a_row_suspend_the_cronjob_and_a_resume_token_resum
     memory = PassMemory()
     first = tens(created) + timedelta(minutes=10)
     for slot in (first, first + timedelta(minutes=10)):
-        await store_run(client, k.job(slot_time=slot, created=slot, started=slot, conditions=k.failed_conditions(
-            "BackoffLimitExceeded", "Job has reached the specified backoff limit", slot + timedelta(minutes=1))), [])
+        failed = k.failed_conditions("BackoffLimitExceeded", "Job has reached the specified backoff limit",
+                                     slot + timedelta(minutes=1))
+        await store_run(client, k.job(slot_time=slot, created=slot, started=slot, conditions=failed), [])
     now = first + timedelta(minutes=15)
     await full_pass(client, NS, NAME, now=now, memory=memory)  # sees the runs fail
     await full_pass(client, NS, NAME, now=now, memory=memory)

@@ -100,7 +100,8 @@ def test_the_cronjob_is_suspended_and_status_says_why() -> None:
     change = compute_status(gcj=body, parsed=parsed, cronjob=cronjob, jobs=[], pods_by_job={},
                             previous_status=None, now=NOW, scheduling=scheduling)
     condition = get_condition(change.status["conditions"], SUSPENDED)
-    assert condition is not None and condition["status"] == "True" and condition["reason"] == "RepeatedFailures"
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("True", "RepeatedFailures")
     assert "job-2, job-1" in condition["message"]
     ready = get_condition(change.status["conditions"], "Ready")
     assert ready is not None and ready["status"] == "True", ready  # the suspended CronJob is as wanted
