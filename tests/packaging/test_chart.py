@@ -110,7 +110,9 @@ def test_operator_settings_reach_the_environment() -> None:
     env = env_of(deployment)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "ghcr.io/guardedcron/guardedcron@sha256:" + "ab" * 32
-    assert container["args"] == ["operator", "--liveness=http://0.0.0.0:8080/healthz"]
+    assert container["args"] == [
+        "operator", "--liveness=http://0.0.0.0:8080/healthz", "--log-format=text",
+    ]
     assert env["GUARDEDCRON_GUARD_IMAGE"] == "registry.example/guard:1.2.3"
     assert env["GUARDEDCRON_GUARD_CPU_LIMIT"] == ""  # left unset by the operator
     assert env["GUARDEDCRON_GUARD_MEMORY_LIMIT"] == "128Mi"
@@ -126,6 +128,44 @@ def test_operator_settings_reach_the_environment() -> None:
     assert default["GUARDEDCRON_NAMESPACES"] == ""
     assert default["GUARDEDCRON_GUARD_IMAGE"] == "ghcr.io/guardedcron/guardedcron:0.1.0"
     assert default["GUARDEDCRON_STOP_WORKLOAD"] == "false"
+
+
+def test_log_format_extra_args_and_extra_env_reach_the_container() -> None:
+    container = one(render({
+        "logFormat": "json",
+        "extraArgs": ["--verbose", "--peering-timeout=5"],
+        "extraEnv": [
+            {"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"},
+            {"name": "DB_HOST", "valueFrom": {"secretKeyRef": {"name": "db", "key": "host"}}},
+        ],
+    }), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == [
+        "operator", "--liveness=http://0.0.0.0:8080/healthz", "--log-format=json",
+        "--verbose", "--peering-timeout=5",
+    ]
+    env = {var["name"]: var for var in container["env"]}
+    assert env["HTTPS_PROXY"]["value"] == "http://proxy.example:3128"
+    assert env["DB_HOST"]["valueFrom"] == {"secretKeyRef": {"name": "db", "key": "host"}}
+    assert [var["name"] for var in container["env"]][-2:] == ["HTTPS_PROXY", "DB_HOST"]
+
+
+def test_security_contexts_and_priority_class_come_from_values() -> None:
+    pod = one(render({
+        "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
+        "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
+        "priorityClassName": "system-cluster-critical",
+    }), "Deployment")["spec"]["template"]["spec"]
+    # null drops a default (OpenShift assigns its own UID); the rest stays restricted
+    assert pod["securityContext"] == {"runAsNonRoot": True,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    context = pod["containers"][0]["securityContext"]
+    assert context["capabilities"]["add"] == ["NET_BIND_SERVICE"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert restricted_violations(pod) == []
+    default = one(render(), "Deployment")["spec"]["template"]["spec"]
+    assert default["securityContext"]["runAsUser"] == 65532
+    assert "priorityClassName" not in default
 
 
 def test_every_operator_env_name_is_documented_in_the_design() -> None:

@@ -9,6 +9,7 @@ import promql_parser
 import pytest
 
 from tests.support.chart import REPO, one, render
+from tests.support.prometheus import exported_series, selectors
 
 ALERTS = {
     "GuardedCronJobMissedRun", "GuardedCronJobOverlap", "GuardedCronJobNoRecentSuccess",
@@ -25,22 +26,6 @@ def documented_metrics() -> dict[str, set[str]]:
                                    flags=re.MULTILINE):
         metrics[name] = {label.strip() for label in labels.split(",") if "(" not in label}
     return metrics
-
-
-def selectors(expr: Any) -> list[Any]:
-    found: list[Any] = []
-
-    def visit(node: Any) -> None:
-        if isinstance(node, promql_parser.VectorSelector):
-            found.append(node)
-        for child in ("expr", "lhs", "rhs", "vector_selector", "param"):
-            if hasattr(node, child) and getattr(node, child) is not None:
-                visit(getattr(node, child))
-        for arg in getattr(node, "args", None) or []:
-            visit(arg)
-
-    visit(expr)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -88,25 +73,17 @@ def test_thresholds_come_from_values() -> None:
         "severity": {"overlap": "warning"},
     }}}), "PrometheusRule")
     by_name = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
-    assert "> 5 * guardedcron_schedule_period_seconds" in by_name["GuardedCronJobNoRecentSuccess"]["expr"]
+    no_success = by_name["GuardedCronJobNoRecentSuccess"]["expr"]
+    assert "> 5 * max by (namespace, name) (guardedcron_schedule_period_seconds)" in no_success
     assert "[6h]" in by_name["GuardedCronJobOverlap"]["expr"]
     assert by_name["GuardedCronJobOverlap"]["labels"]["severity"] == "warning"
 
 
 def test_alerts_match_what_the_operator_exports(rules: list[dict[str, Any]]) -> None:
     """Names, label names and outcome values as the operator's registry has them."""
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from guardedcron.observability.metrics import OUTCOME_LABELS
 
-    from guardedcron.observability.metrics import OUTCOME_LABELS, create_metrics
-
-    registry = CollectorRegistry()
-    metrics = create_metrics(registry)
-    exported: dict[str, set[str]] = {}
-    for field in vars(metrics).values():
-        if not isinstance(field, Counter | Gauge | Histogram):
-            continue  # the registry itself
-        name = field._name + ("_total" if isinstance(field, Counter) else "")
-        exported[name] = set(field._labelnames)
+    exported = exported_series()
     for rule in rules:
         for selector in selectors(promql_parser.parse(rule["expr"])):
             assert selector.name in exported, (rule["alert"], selector.name)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.chart import CHART, helm, template
 
@@ -45,6 +47,14 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("memory quantity", {"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
     ("unknown resource", {"resources": {"limits": {"gpu": 1}}}, "additional properties 'gpu'"),
     ("log level", {"logLevel": "verbose"}, "/logLevel"),
+    ("log format", {"logFormat": "yaml"}, "/logFormat"),
+    ("extra arg not a string", {"extraArgs": [5]}, "/extraArgs/0"),
+    ("extra env without a name", {"extraEnv": [{"value": "x"}]}, "/extraEnv/0"),
+    ("honor labels as a string", {"metrics": {"serviceMonitor": {"honorLabels": "true"}}},
+     "/metrics/serviceMonitor/honorLabels"),
+    ("dashboard namespace", {"metrics": {"dashboard": {"namespace": "Mon itoring"}}},
+     "/metrics/dashboard/namespace"),
+    ("pod security context as a list", {"podSecurityContext": []}, "/podSecurityContext"),
     ("label value not a string", {"podLabels": {"team": 7}}, "/podLabels/team"),
     ("cluster name", {"clusterName": "eu west"}, "/clusterName"),
     ("pull secret", {"imagePullSecrets": ["regcred"]}, "/imagePullSecrets/0"),
@@ -87,3 +97,33 @@ def test_helm_install_refuses_bad_values_too() -> None:
     assert "INSTALLATION FAILED" in result.stderr and "/watchNamespaces/0" in result.stderr
     good = helm(["install", "gc", str(CHART), "--dry-run=client", "--namespace", "guardedcron-system"])
     assert good.code == 0, good.stderr
+
+
+def schema_properties(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every property the schema declares, at any depth (items and $defs included)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for name, child in (node.get("properties") or {}).items():
+        found.append((f"{path}.{name}".lstrip("."), child))
+        found += schema_properties(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        found += schema_properties(node["items"], f"{path}[]")
+    for name, definition in (node.get("$defs") or {}).items():
+        found += schema_properties(definition, f"$defs.{name}")
+    return found
+
+
+def test_every_schema_property_has_a_description() -> None:
+    """Editors and `helm show values` readers see what each key means."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    properties = schema_properties(schema)
+    assert len(properties) > 80
+    undescribed = [path for path, child in properties
+                   if not str(child.get("description", "")).strip()]
+    assert undescribed == [], f"values.schema.json properties without a description: {undescribed}"
+
+
+def test_every_value_is_in_the_schema() -> None:
+    """values.yaml and the schema list the same top-level keys (plus Helm's global)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(schema["properties"]) - {"global"} == set(values)

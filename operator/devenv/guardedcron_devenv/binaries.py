@@ -232,7 +232,7 @@ def ensure_binaries(progress: Progress = print) -> Paths:
             sources_digest(only=target_sources(TARGETS)), kube_version, etcd_version
         ),
         lambda wanted: _is_current(paths.bin_dir, TARGETS, wanted),
-        lambda: _build_targets(TARGETS, paths.bin_dir, kube_version, cache_root, progress),
+        lambda: build_targets(TARGETS, paths.bin_dir, kube_version, cache_root, progress),
     )
     return paths
 
@@ -249,7 +249,7 @@ def ensure_node_binaries(progress: Progress = print) -> NodeBinaries:
             sources_digest(only=target_sources(NODE_TARGETS)), kube_version, "", NODE_TARGETS
         ),
         lambda wanted: _is_current(node.bin_dir, NODE_TARGETS, wanted),
-        lambda: _build_targets(NODE_TARGETS, node.bin_dir, kube_version, cache_root, progress),
+        lambda: build_targets(NODE_TARGETS, node.bin_dir, kube_version, cache_root, progress),
     )
     return node
 
@@ -298,10 +298,11 @@ def exclusive_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _build_targets(
+def build_targets(
     targets: tuple[BuildTarget, ...], bin_dir: Path, kubernetes_version: str, cache_root: Path,
     progress: Progress,
 ) -> None:
+    """Build `targets` into `bin_dir` with progress lines (also promtool.py's build)."""
     names = ", ".join(t.name for t in targets)
     if shutil.which("go") is None:
         raise BuildError(

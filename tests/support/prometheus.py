@@ -1,0 +1,120 @@
+"""Prometheus' side of the chart, for tests: the real promtool, and series labelled the
+way Prometheus stores them when it scrapes the operator through the chart's ServiceMonitor."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import yaml
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from guardedcron.observability.metrics import create_metrics
+from guardedcron_devenv.promtool import ensure_promtool
+
+# promtool checks and rule tests take well under a second; a build is not run under this.
+PROMTOOL_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class PromtoolResult:
+    code: int
+    output: str  # stdout and stderr together, as promtool reports to either
+
+
+def promtool(args: Sequence[str], cwd: Path) -> PromtoolResult:
+    """Run the real promtool (built from its Go module on first use; a failed build
+    fails the calling test with go's own output)."""
+    binary = ensure_promtool()
+    done = subprocess.run(
+        [str(binary), *args], cwd=cwd, capture_output=True, text=True,
+        timeout=PROMTOOL_TIMEOUT_S, check=False,
+    )
+    return PromtoolResult(done.returncode, done.stdout + done.stderr)
+
+
+def write_rule_file(path: Path, groups: Sequence[Mapping[str, Any]]) -> Path:
+    """A Prometheus rule file (what the Prometheus Operator writes from a PrometheusRule)."""
+    path.write_text(yaml.safe_dump({"groups": list(groups)}, sort_keys=False))
+    return path
+
+
+def operator_target_labels(service_monitor: Mapping[str, Any], service: Mapping[str, Any],
+                           pod_name: str, pod_ip: str) -> dict[str, str]:
+    """The target labels the Prometheus Operator's scrape configuration gives one operator
+    pod behind the chart's metrics Service (its ServiceMonitor without a jobLabel)."""
+    endpoint = service_monitor["spec"]["endpoints"][0]
+    port = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])
+    return {
+        "job": service["metadata"]["name"],
+        "namespace": service["metadata"]["namespace"],
+        "service": service["metadata"]["name"],
+        "pod": pod_name,
+        "container": "operator",
+        "endpoint": endpoint["port"],
+        "instance": f"{pod_ip}:{port['port']}",
+    }
+
+
+def stored_labels(exposed: Mapping[str, str], target: Mapping[str, str],
+                  honor_labels: bool) -> dict[str, str]:
+    """The labels Prometheus stores for one scraped sample (scrape_config honor_labels):
+
+    honoring keeps the exposed value of a label the target also has; otherwise the
+    exposed value moves to `exported_<label>` and the target's value takes its place.
+    Target labels the sample does not carry are added either way.
+    """
+    stored = dict(exposed)
+    for name, value in target.items():
+        if name in exposed:
+            if honor_labels:
+                continue
+            stored[f"exported_{name}"] = exposed[name]
+        stored[name] = value
+    return stored
+
+
+def series_selector(labels: Mapping[str, str]) -> str:
+    """`name{a="b",...}` as promtool's input_series wants it."""
+    name = labels["__name__"]
+    pairs = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()) if key != "__name__")
+    return f"{name}{{{pairs}}}"
+
+
+def selectors(expr: Any) -> list[Any]:
+    """Every vector selector in a promql_parser expression tree."""
+    found: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append(node)
+        for child in ("expr", "lhs", "rhs", "vector_selector", "param"):
+            if hasattr(node, child) and getattr(node, child) is not None:
+                visit(getattr(node, child))
+        for arg in getattr(node, "args", None) or []:
+            visit(arg)
+
+    visit(expr)
+    return found
+
+
+def exported_series() -> dict[str, set[str]]:
+    """Series name -> label names, as the operator's own registry exports them (a
+    histogram as its _bucket, _sum and _count series, `le` on the buckets)."""
+    metrics = create_metrics(CollectorRegistry())
+    exported: dict[str, set[str]] = {}
+    for metric in vars(metrics).values():
+        labels = set(getattr(metric, "_labelnames", ()))
+        if isinstance(metric, Counter):
+            exported[f"{metric._name}_total"] = labels
+        elif isinstance(metric, Gauge):
+            exported[metric._name] = labels
+        elif isinstance(metric, Histogram):
+            exported[f"{metric._name}_bucket"] = labels | {"le"}
+            exported[f"{metric._name}_sum"] = labels
+            exported[f"{metric._name}_count"] = labels
+    return exported
