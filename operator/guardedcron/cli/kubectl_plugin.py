@@ -28,7 +28,7 @@ from typing import Any
 from guardedcron import contract
 from guardedcron.cli import render, trigger
 from guardedcron.cli.kubeconfig import KubeconfigError, connection_info, context_namespace
-from guardedcron.cli.main import Parser, report_internal_error
+from guardedcron.cli.main import Parser, PrintVersion, report_internal_error
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from guardedcron.kube import GUARDED_CRONJOBS, ApiError, ApiUnreachable, KubeClient, NotFound
 
@@ -45,6 +45,7 @@ class PluginFailed(Exception):
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="guardedcron as a kubectl plugin: scheduled jobs "
                                            "that run once, guarded by a PostgreSQL lease.")
+    parser.add_argument("--version", action=PrintVersion)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     trigger.add_parser(sub, "trigger", "start a manual, guarded run of a GuardedCronJob now")

@@ -25,6 +25,7 @@ from guardedcron.contract import (
 )
 from guardedcron.guard import redaction
 
+DISTRIBUTION = "guardedcron"  # the name pip knows it by, for --version
 # How much of an unexpected exception's message the last-resort line shows.
 INTERNAL_REASON_MAX = 300
 
@@ -57,11 +58,37 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {redaction.redact(message)}\n")
 
 
+class PrintVersion(argparse.Action):
+    """`--version`: the installed distribution's version, looked up only when asked (the
+    guard builds this parser on every run, and the metadata lookup reads files)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(f"{parser.prog} {installed_version()}")  # stdout, as argparse's own version action
+        parser.exit(0)
+
+
+def installed_version() -> str:
+    """The version pip installed (package metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from guardedcron import __version__
+
+        return __version__
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = Parser(
         prog="guardedcron",
         description="Scheduled Kubernetes jobs that run once, guarded by a PostgreSQL lease.",
     )
+    parser.add_argument("--version", action=PrintVersion)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         if command is None:  # --help or no known command: list them all

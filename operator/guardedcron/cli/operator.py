@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from guardedcron.contract import EXIT_OK, EXIT_USAGE
+from guardedcron.observability.logs import DEFAULT_LOG_FORMAT, LOG_FORMATS, configure_logging
 from guardedcron.spec import Flags, Settings, SettingsError, read_settings
 from guardedcron.spec.settings import (
     ENV_GUARD_IMAGE,
@@ -49,6 +49,9 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
                         help=f"peering priority: an integer, or {PRIORITY_FROM_POD_IP} (from ${ENV_POD_IP})")
     parser.add_argument("--metrics-port", type=str, metavar="PORT", help="Prometheus /metrics port; 0: off")
     parser.add_argument("--log-level", choices=sorted(LOG_LEVELS, key=LOG_LEVELS.__getitem__))
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=DEFAULT_LOG_FORMAT,
+                        help="text (kopf's lines, the default) or json (one object per line, with "
+                             "the kind, namespace and name of the object a line is about)")
     parser.add_argument("--liveness", metavar="URL",
                         help="health endpoint for probes, e.g. http://0.0.0.0:8080/healthz")
     parser.set_defaults(run=run)
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         for problem in error.problems:
             print(f"guardedcron operator: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, args.log_format)
     asyncio.run(run_operator(settings))
     return EXIT_OK
 
@@ -75,13 +78,6 @@ def settings_from(env: Mapping[str, str], args: argparse.Namespace | None = None
         namespaces=tuple(args.namespaces or ()), peering=args.peering, standalone=args.standalone,
         priority=args.priority, metrics_port=args.metrics_port, log_level=args.log_level,
         liveness=args.liveness))
-
-
-def configure_logging(level: str) -> None:
-    import kopf
-
-    kopf.configure(debug=level == "debug", quiet=level in ("warning", "error"))
-    logging.getLogger().setLevel(LOG_LEVELS[level])
 
 
 async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = None,
