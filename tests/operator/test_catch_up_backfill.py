@@ -4,12 +4,17 @@ annotation's progress, and the CronJob suspended (never the spec) after failed r
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import kmock
+import pytest
 
 from guardedcron import contract
+from guardedcron.cli.main import main
 from guardedcron.handlers.context import PassMemory
 from guardedcron.kube import GUARDED_CRONJOBS, KubeClient
 from guardedcron.status.runs import is_manual, scheduled_slot
@@ -164,3 +169,64 @@ async def test_failed_runs_in_a_row_suspend_the_cronjob_and_a_resume_token_resum
     assert events(api, "ResumedAfterFailures")
     await full_pass(client, NS, NAME, now=now + timedelta(minutes=2), memory=memory)
     assert (api.object(CRONJOB_RES, NS, NAME) or {})["spec"]["suspend"] is False
+
+
+async def cli(*args: str) -> int:
+    return await asyncio.to_thread(main, ["backfill", NAME, "-n", NS, *args])
+
+
+async def test_the_cli_sets_the_annotation_the_operator_acts_on(
+        api: GuardedEmulator, client: KubeClient, kubeconfig: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    await created_at(client, every_ten_minutes())
+    since = tens(datetime.now(UTC)) - timedelta(hours=1)
+    until = since + timedelta(minutes=30)
+    range_args = ("--since", format_time(since), "--until", format_time(until))
+
+    assert await cli(*range_args, "--token", "b7", "--dry-run") == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["dry_run"] is True and answer["slots"] == 3
+    assert [s["slot"] for s in answer["slot_times"]] == [format_time(since + timedelta(minutes=m))
+                                                           for m in (0, 10, 20)]
+    assert contract.ANNOTATION_BACKFILL not in ((api.object(GCJ_RES, NS, NAME) or {})["metadata"]
+                                                .get("annotations") or {})  # dry run: unchanged
+
+    assert await cli(*range_args, "--token", "b7") == 0
+    answer = json.loads(capsys.readouterr().out)
+    expected = f"b7:{format_time(since)}/{format_time(until)}"
+    assert answer["annotation"] == expected
+    gcj = api.object(GCJ_RES, NS, NAME) or {}
+    assert gcj["metadata"]["annotations"][contract.ANNOTATION_BACKFILL] == expected
+    await full_pass(client, NS, NAME, now=datetime.now(UTC), memory=PassMemory())
+    assert [j["metadata"]["name"] for j in jobs(api)] == [f"{NAME}-{epoch_minute(since)}"]
+
+    # A used token is refused; nothing changes.
+    assert await cli(*range_args, "--token", "b7") == contract.EXIT_USAGE
+    assert "was used already" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--since", "yesterday", "--until", "2026-01-01T00:00:00Z"), "--since 'yesterday' is not an RFC 3339"),
+    (("--since", "2026-01-02T00:00:00Z", "--until", "2026-01-01T00:00:00Z"), "must be before until"),
+    (("--since", "2026-01-01T00:00:00Z", "--until", "2999-01-01T00:00:00Z"), "is in the future"),
+    (("--since", "2026-01-01T00:00:00Z", "--until", "2026-01-02T00:00:00Z", "--token", "a:b"),
+     "--token must not contain :"),
+])
+async def test_the_cli_refuses_bad_input_and_changes_nothing(
+        api: GuardedEmulator, client: KubeClient, kubeconfig: Path,
+        capsys: pytest.CaptureFixture[str], args: tuple[str, ...], words: str) -> None:
+    await created_at(client, every_ten_minutes())
+    assert await cli(*args) == contract.EXIT_USAGE
+    assert words in capsys.readouterr().err
+    assert contract.ANNOTATION_BACKFILL not in ((api.object(GCJ_RES, NS, NAME) or {})["metadata"]
+                                                .get("annotations") or {})
+
+
+async def test_the_cli_refuses_a_range_of_more_than_1000_slots(
+        api: GuardedEmulator, client: KubeClient, kubeconfig: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    await created_at(client, every_ten_minutes())
+    until = tens(datetime.now(UTC))
+    assert await cli("--since", format_time(until - timedelta(days=7)), "--until", format_time(until)) == \
+        contract.EXIT_USAGE
+    assert "more than 1000 slots" in capsys.readouterr().err
