@@ -15,11 +15,15 @@ kube-controller-manager from guardedcron_devenv, started here and stopped at the
     .venv/bin/python bench/operator_scale.py --api emulator --objects 1000
     .venv/bin/python bench/operator_scale.py --objects 1000 --profile /tmp/prof   # cProfile
     nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1000 --code 4c0f2a1  # older code
+    nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1500 --heap /tmp/heap  # tracemalloc
 
 With `--profile DIR` the operator runs under cProfile and writes DIR/first.prof and
 DIR/restart.prof (CPU figures then include the profiler's own cost). With `--code COMMIT`
 the operator runs that commit's operator/ folder (taken with git archive), for a
-before/after on the same control plane set-up.
+before/after on the same control plane set-up. With `--heap DIR` the operator runs with
+tracemalloc on (bench/heap_probe.py) and dumps its heap once all objects are Ready and
+once the restart is over (DIR/first, DIR/restart; read with bench/heap_report.py); its
+CPU and RSS figures then include tracemalloc's own cost.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from guardedcron_devenv.controlplane import ControlPlane, free_port  # noqa: E40
 
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
 RESUMED = "Resuming is processed"
+HEAP_FRAMES = int(os.environ.get("BENCH_HEAP_FRAMES", "12"))  # per trace; 0: census alone
 SETTLE_SECONDS = 3.0  # after the last object: late writes would show in the counts
 
 
@@ -75,8 +80,10 @@ class Operator:
     """`guardedcron operator --standalone` as a child process, its log in a file."""
 
     def __init__(self, kubeconfig: Path, log: Path, profile: Path | None,
-                 code: Tree | None) -> None:
+                 code: Tree | None, heap: Path | None = None) -> None:
         self.log = log
+        self.heap = heap
+        self.heap_dumps = 0
         base = code.env() if code is not None else dict(os.environ)
         self.metrics_port = free_port()
         self.env = {**base, "KUBECONFIG": str(kubeconfig),
@@ -88,6 +95,9 @@ class Operator:
         if profile is not None:
             self.command = [sys.executable, "-m", "cProfile", "-o", str(profile),
                             "-m", "guardedcron", "operator", "--standalone"]
+        if heap is not None:
+            self.command = [sys.executable, str(REPO / "bench" / "heap_probe.py"), str(heap),
+                            str(HEAP_FRAMES), "operator", "--standalone"]
 
     async def __aenter__(self) -> Operator:
         with self.log.open("w") as log:
@@ -121,21 +131,34 @@ class Operator:
     def cpu(self) -> float:
         return cpu_seconds(self.process.pid)
 
+    async def dump_heap(self) -> None:
+        """With --heap: have bench/heap_probe.py dump the operator's heap, and wait for it."""
+        if self.heap is None:
+            return
+        self.heap_dumps += 1
+        done = self.heap / f"{self.heap_dumps}.done"
+        self.process.send_signal(signal.SIGUSR2)
+        await wait_for(done.exists, f"heap dump {done}", 600)
+
     def rss(self) -> tuple[float, float]:
         return rss_mib(self.process.pid)
 
 
 async def measure(target: Target, objects: int, namespaces: int, phase_seconds: float,
-                  workdir: Path, profile: Path | None, code: Tree | None) -> dict[str, Any]:
+                  workdir: Path, profile: Path | None, code: Tree | None,
+                  heap: Path | None = None) -> dict[str, Any]:
     await target.seed([gcj(i, namespaces) for i in range(objects)])
 
     def profile_file(name: str) -> Path | None:
         return None if profile is None else profile / f"{name}.prof"
 
+    def heap_dir(name: str) -> Path | None:
+        return None if heap is None else heap / name
+
     # --- first start: every object is new
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "first.log", profile_file("first"),
-                        code) as op:
+                        code, heap_dir("first")) as op:
         applied_s = await wait_for(lambda: target.applied() >= objects, "every CronJob applied",
                                    phase_seconds)
         ready_s = applied_s + await wait_for(lambda: target.ready() >= objects, "every status Ready",
@@ -145,11 +168,12 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         passes_first = await op.passes()
         create = split(await target.tally() - before, objects)
         rss, peak = op.rss()
+        await op.dump_heap()
 
     # --- restart over up-to-date objects: an idle resync
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "restart.log", profile_file("restart"),
-                        code) as op:
+                        code, heap_dir("restart")) as op:
         resumed_s = await wait_for(lambda: op.resumed() >= objects, "every object resumed",
                                    phase_seconds)
         cpu_restart = op.cpu()
@@ -157,6 +181,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         passes_restart = await op.passes()
         idle = split(await target.tally() - before, objects)
         idle_rss, idle_peak = op.rss()
+        await op.dump_heap()
 
     return {
         "objects": objects,
@@ -189,7 +214,8 @@ def control_plane(keep_logs: Path) -> Iterator[ControlPlane]:
 
 
 async def run(options: argparse.Namespace, workdir: Path, code: Tree | None) -> dict[str, Any]:
-    args = (options.objects, options.namespaces, options.timeout, workdir, options.profile, code)
+    args = (options.objects, options.namespaces, options.timeout, workdir, options.profile, code,
+            options.heap)
     if options.api == "emulator":
         async with Emulator(workdir) as emulator:
             return {"api": "emulator", **await measure(emulator, *args)}
@@ -205,6 +231,8 @@ def main() -> None:
     parser.add_argument("--namespaces", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
     parser.add_argument("--profile", type=Path, help="run the operator under cProfile, files here")
+    parser.add_argument("--heap", type=Path,
+                        help="trace the operator's memory (tracemalloc), heap dumps here")
     parser.add_argument("--code", help="run this commit's operator code instead of the working tree's")
     options = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="guardedcron-bench-scale-"))
