@@ -56,7 +56,7 @@ def test_h_follows_the_effective_lock_not_the_object() -> None:
                                      ).spec.schedule_text
 
     # One shared lock: every namespace (and cluster) that takes it runs the same schedule.
-    shared = {f"spec__lease__sharedLock": "ledger-close"}
+    shared = {"spec__lease__sharedLock": "ledger-close"}
     assert resolved(metadata__namespace="a", **shared) == resolved(metadata__namespace="b", **shared)
     # lease.name is the lock inside the namespace: two GuardedCronJobs naming it agree.
     assert resolved(metadata__name="x", spec__lease__name="l") == resolved(

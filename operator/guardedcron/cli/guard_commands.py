@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guardedcron.contract import (
     ACQUIRE_CALL_SECONDS,
@@ -42,6 +42,8 @@ from guardedcron.contract import (
     LOST_FILE,
     MAX_LEASE_SECONDS,
     RENEWALS_PER_LEASE,
+    RUN_KIND_BACKFILL,
+    RUN_KIND_CATCH_UP,
     AcquireReason,
     GuardOutcome,
     ReleaseOutcome,
@@ -49,9 +51,11 @@ from guardedcron.contract import (
     slot_from_job_name,
 )
 from guardedcron.contract import GUARD_RUN_KIND_FLAG as RUN_KIND_FLAG
-from guardedcron.contract import RUN_KIND_BACKFILL, RUN_KIND_CATCH_UP
 from guardedcron.guard.errors import BadInput, GuardError
 from guardedcron.guard.redaction import looks_like_dsn, redact
+
+if TYPE_CHECKING:
+    from guardedcron.guard.outputs import RunContext
 
 # libpq's connect_timeout: longer than this is a hang, not a wait for a slow network.
 MAX_CONNECT_TIMEOUT_SECONDS = 300
@@ -252,7 +256,7 @@ def parse_slot(args: argparse.Namespace) -> int | None:
         ) from None
 
 
-def run_context_of(args: argparse.Namespace, scheduled_slot: int | None) -> Any:
+def run_context_of(args: argparse.Namespace, scheduled_slot: int | None) -> RunContext:
     """The run context (the slot to claim and what lease.json tells the workload), from
     --time-zone, --repeated-time and --run-kind; BadInput for a zone that does not exist."""
     from guardedcron.guard.outputs import RunContext

@@ -13,11 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import dataclass
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any
-
-from dataclasses import dataclass
-from datetime import UTC, tzinfo
 
 from guardedcron.contract import (
     ENV_TERMINATION_LOG,
@@ -78,8 +77,8 @@ class RunContext:
         }
 
 
-def _rfc3339(when: Any, zone: tzinfo) -> str:
-    text: str = when.astimezone(zone).isoformat()
+def _rfc3339(when: datetime, zone: tzinfo) -> str:
+    text = when.astimezone(zone).isoformat()
     return text.replace("+00:00", "Z") if zone is UTC else text
 
 
