@@ -119,6 +119,29 @@ ENV_POD_NAMESPACE: Final = "GUARDEDCRON_POD_NAMESPACE"
 ENV_JOB_NAME: Final = "GUARDEDCRON_JOB_NAME"
 ENV_TERMINATION_LOG: Final = "GUARDEDCRON_TERMINATION_LOG"  # overrides TERMINATION_LOG (tests)
 
+# --- the run context (issue 14; docs/design.md, "Run context"): what a run's workload can
+# read without parsing Job names. In lease.json always (keys below); as environment
+# variables of the workload's containers, with static values, when spec.runContext.env.
+KEY_RUN_KIND: Final = "run_kind"  # RUN_KIND_* below
+KEY_MANUAL: Final = "manual"  # true for a run started by hand (no slot)
+KEY_SCHEDULED_TIME: Final = "scheduled_time"  # RFC 3339 in the job's zone; null if unknown
+KEY_SCHEDULED_TIME_UTC: Final = "scheduled_time_utc"  # RFC 3339 in UTC; null for manual runs
+KEY_TIME_ZONE: Final = "time_zone"  # the job's IANA zone; null when the guard was not told
+RUN_KIND_SCHEDULED: Final = "scheduled"  # a Job the CronJob controller made for its slot
+RUN_KIND_MANUAL: Final = "manual"  # `guardedcron trigger`, the trigger annotation, kubectl
+# The guard's `--run-kind`: catch-up and backfill Jobs say so (RUN_KIND_CATCH_UP or
+# RUN_KIND_BACKFILL); a Job without it is scheduled when its name has a slot, else manual.
+GUARD_RUN_KIND_FLAG: Final = "--run-kind"
+# On a CronJob whose GuardedCronJob's schedule uses H: spec.schedule as written (the
+# CronJob's own schedule is the resolved one).
+ANNOTATION_WRITTEN_SCHEDULE: Final = f"{API_GROUP}/schedule"
+ENV_LOCK: Final = "GUARDEDCRON_LOCK"
+ENV_TIME_ZONE: Final = "GUARDEDCRON_TIME_ZONE"  # the IANA name; UTC when spec.timeZone is unset
+ENV_SCHEDULE: Final = "GUARDEDCRON_SCHEDULE"  # the concrete schedule (H resolved)
+ENV_GUARDED_CRONJOB: Final = "GUARDEDCRON_GUARDED_CRONJOB"  # the GuardedCronJob's name
+ENV_LEASE_FILE: Final = "GUARDEDCRON_LEASE_FILE"  # the path of lease.json
+ENV_FENCE_FILE: Final = "GUARDEDCRON_FENCE_FILE"  # the path of the fence file
+
 # --- names and text
 # CronJob names are capped so the controller's Job names fit in 63 characters.
 CRONJOB_NAME_MAX: Final = 52

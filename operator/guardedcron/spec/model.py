@@ -11,6 +11,7 @@ from guardedcron.schedule import Schedule
 
 OnLost = Literal["Record", "StopWorkload"]
 CatchUpPolicy = Literal["None", "Latest", "All"]
+RepeatedTime = Literal["Twice", "Once"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,18 @@ class CatchUpSpec:
 
 
 @dataclass(frozen=True)
+class DstPolicy:
+    """spec.dstPolicy (docs/design.md, "Daylight-saving policy"); the default is what the
+    CronJob controller does: a wall time the clock shows twice runs twice."""
+
+    repeated_time: RepeatedTime = "Twice"
+
+
+@dataclass(frozen=True)
 class GuardedCronJobSpec:
     schedule: Schedule
-    schedule_text: str  # as written, passed to the CronJob unchanged
+    # What the CronJob gets: spec.schedule as written, with any `H` resolved for the lock.
+    schedule_text: str
     time_zone: str | None  # IANA name as written; None: the controller's zone (UTC)
     zone: tzinfo  # the loaded time zone, or UTC when unset: for next fire times
     suspend: bool
@@ -64,6 +74,11 @@ class GuardedCronJobSpec:
     catch_up: CatchUpSpec = CatchUpSpec()
     # Suspend the CronJob after this many failed runs in a row; None: never.
     suspend_after_failures: int | None = None
+    # spec.schedule as written (with `H` unresolved); equal to schedule_text without `H`.
+    written_schedule: str = ""
+    dst_policy: DstPolicy = DstPolicy()
+    # spec.runContext.env: the run context as environment variables in the workload too.
+    run_context_env: bool = False
 
 
 @dataclass(frozen=True)

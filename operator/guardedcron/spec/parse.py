@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast, get_args
 
 from guardedcron import contract
 from guardedcron.schedule import Schedule, ScheduleError, load_time_zone
+from guardedcron.schedule.hashed import resolve_hashed
 from guardedcron.spec.errors import SpecError
 from guardedcron.spec.locks import (
     LEASE_NAME_FORBIDDEN,
@@ -31,10 +32,12 @@ from guardedcron.spec.locks import (
 from guardedcron.spec.model import (
     CatchUpPolicy,
     CatchUpSpec,
+    DstPolicy,
     GuardedCronJobSpec,
     LeaseSpec,
     OnLost,
     ParsedSpec,
+    RepeatedTime,
     SecretKeyRef,
 )
 from guardedcron.spec.reserved import (
@@ -185,7 +188,9 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
                ) -> GuardedCronJobSpec | None:
     schedule_text = r.text(spec, "schedule", "spec.schedule", required=True,
                            max_length=MAX_SCHEDULE_LENGTH)
-    schedule = _read_schedule(r, schedule_text)
+    # Checked here with a stand-in lock, so that problems come in the order of the fields;
+    # what `H` resolves to never decides whether a schedule is valid.
+    checked = _read_schedule(r, _resolve_schedule(r, schedule_text, ""))
     time_zone = r.text(spec, "timeZone", "spec.timeZone", required=False,
                        max_length=MAX_TIME_ZONE_LENGTH)
     zone = _read_time_zone(r, time_zone)
@@ -210,6 +215,13 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
     lease_obj = r.field(spec, "lease", "spec.lease", dict, required=True)
     lease = (_read_lease(r, lease_obj, namespace, name or "", active)
              if lease_obj is not None else None)
+    # `H` resolves from the effective lock, so every cluster sharing it agrees.
+    resolved = (resolve_hashed(schedule_text, lease.name)
+                if checked is not None and schedule_text is not None and lease is not None
+                else None)
+    schedule = Schedule.parse(resolved) if resolved is not None else None
+    dst_policy = _read_dst_policy(r, spec, time_zone)
+    run_context_env = _read_run_context(r, spec)
 
     template = r.field(spec, "jobTemplate", "spec.jobTemplate", dict, required=True)
     if template is not None:
@@ -224,15 +236,17 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
     if (schedule is None or schedule_text is None or suspend is None or starting is None
             or active is None or successful is None or failed is None or recent is None
             or tolerance is None or lease is None or template is None
-            or zone is None or name is None or catch_up is None):
+            or zone is None or name is None or catch_up is None or resolved is None
+            or dst_policy is None or run_context_env is None):
         return None
     return GuardedCronJobSpec(
-        schedule=schedule, schedule_text=schedule_text, time_zone=time_zone, zone=zone,
+        schedule=schedule, schedule_text=resolved, time_zone=time_zone, zone=zone,
         suspend=suspend, starting_deadline_seconds=starting, active_deadline_seconds=active,
         successful_jobs_history_limit=successful, failed_jobs_history_limit=failed,
         recent_runs_limit=recent, missed_run_tolerance_seconds=tolerance, lease=lease,
         job_template=copy.deepcopy(template), catch_up=catch_up,
         suspend_after_failures=suspend_after,
+        written_schedule=schedule_text, dst_policy=dst_policy, run_context_env=run_context_env,
     )
 
 
@@ -259,6 +273,49 @@ def _read_catch_up(r: _Reader, spec: Mapping[str, Any]) -> CatchUpSpec | None:
     if policy is None or window is None or runs is None:
         return None
     return CatchUpSpec(policy=cast(CatchUpPolicy, policy), window_seconds=window, max_runs=runs)
+
+
+def _resolve_schedule(r: _Reader, text: str | None, lock: str) -> str | None:
+    """spec.schedule with `H` resolved for `lock` (the text itself without `H`)."""
+    if text is None:
+        return None
+    try:
+        return resolve_hashed(text, lock)
+    except ScheduleError as exc:
+        r.problem("spec.schedule", f"{text!r} is not a valid cron schedule: {exc}")
+        return None
+
+
+def _read_dst_policy(r: _Reader, spec: Mapping[str, Any], time_zone: str | None
+                     ) -> DstPolicy | None:
+    """spec.dstPolicy; unset (or each field unset) is what the CronJob controller does."""
+    path = "spec.dstPolicy"
+    policy = r.field(spec, "dstPolicy", path, dict, required=False)
+    if policy is None:
+        return None if spec.get("dstPolicy") is not None else DstPolicy()
+    default = DstPolicy()
+    repeated = policy.get("repeatedTime", default.repeated_time)
+    if repeated not in get_args(RepeatedTime):
+        r.problem(f"{path}.repeatedTime",
+                  f"must be one of {', '.join(get_args(RepeatedTime))}, not {repeated!r}")
+        return None
+    chosen = DstPolicy(repeated_time=cast(RepeatedTime, repeated))
+    if chosen != default and time_zone is None:
+        r.problem(path, "needs spec.timeZone: without it the schedule is read in UTC, whose "
+                  "clock is never set back or forward, so there is nothing to decide")
+        return None
+    return chosen
+
+
+def _read_run_context(r: _Reader, spec: Mapping[str, Any]) -> bool | None:
+    """spec.runContext.env; unset is false (the CronJob as before issue 14)."""
+    context = r.field(spec, "runContext", "spec.runContext", dict, required=False)
+    if context is None:
+        return None if spec.get("runContext") is not None else False
+    env = r.field(context, "env", "spec.runContext.env", bool, required=False)
+    if env is None:
+        return None if context.get("env") is not None else False
+    return env
 
 
 def _read_schedule(r: _Reader, text: str | None) -> Schedule | None:
