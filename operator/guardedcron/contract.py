@@ -250,3 +250,26 @@ def slot_from_job_name(job_name: str, cronjob: str) -> int | None:
     if len(significant) > _BIGINT_DIGITS or int(significant) > BIGINT_MAX:
         raise SlotOutOfRange(digits)
     return int(significant)
+
+
+# --- a Job the operator starts for a past slot (issue 14; docs/design.md, "Catch-up and
+# backfill"): `<cronjob>-<slot>-<c|b><attempt>`, the CronJob part shortened to fit 63
+# characters. Never the controller's `<cronjob>-<slot>`: its guard gets the slot with
+# --slot, and its Job carries the slot in ANNOTATION_SCHEDULED_TIMESTAMP.
+ATTEMPT_LETTERS: Final = {RUN_KIND_CATCH_UP: "c", RUN_KIND_BACKFILL: "b"}
+_ATTEMPT_SUFFIX: Final = re.compile(r"-([0-9]+)-([cb])([0-9]+)$")
+_JOB_NAME_MAX: Final = 63
+
+
+def attempt_job_name(cronjob: str, slot: int, kind: str, attempt: int) -> str:
+    suffix = f"-{slot}-{ATTEMPT_LETTERS[kind]}{attempt}"
+    return f"{cronjob[:_JOB_NAME_MAX - len(suffix)].rstrip('-')}{suffix}"
+
+
+def attempt_of(job_name: str) -> tuple[int, str, int] | None:
+    """(slot, run kind, attempt) of an attempt's Job name; None for any other name."""
+    match = _ATTEMPT_SUFFIX.search(job_name)
+    if match is None:
+        return None
+    kind = next(k for k, letter in ATTEMPT_LETTERS.items() if letter == match.group(2))
+    return int(match.group(1)), kind, int(match.group(3))

@@ -74,7 +74,7 @@ async def test_missed_slots_are_made_up_one_at_a_time_oldest_first_never_twice(
     (job,) = jobs(api)
     newest_due = tens(now - timedelta(minutes=11))
     oldest_chosen = newest_due - timedelta(minutes=10)  # maxRuns 2: the newest two, oldest first
-    assert job["metadata"]["name"] == f"{NAME}-{epoch_minute(oldest_chosen)}"
+    assert job["metadata"]["name"] == f"{NAME}-{epoch_minute(oldest_chosen)}-c1"
     assert job["metadata"]["annotations"][contract.ANNOTATION_RUN_KIND] == contract.RUN_KIND_CATCH_UP
     assert not is_manual(job) and scheduled_slot(job) == epoch_minute(oldest_chosen)
     assert job["spec"]["template"]["spec"]["initContainers"][0]["name"] == contract.GUARD_CONTAINER
@@ -113,7 +113,7 @@ async def test_a_backfill_starts_with_its_oldest_slot_and_stops_when_the_annotat
     await full_pass(client, NS, NAME, now=now, memory=memory)
 
     (job,) = jobs(api)
-    assert job["metadata"]["name"] == f"{NAME}-{epoch_minute(since)}"
+    assert job["metadata"]["name"] == f"{NAME}-{epoch_minute(since)}-b1"
     assert job["metadata"]["annotations"][contract.ANNOTATION_RUN_KIND] == contract.RUN_KIND_BACKFILL
     backfill = status(api)["backfill"]
     assert backfill["token"] == "b1" and backfill["state"] == "Running"
@@ -198,7 +198,7 @@ async def test_the_cli_sets_the_annotation_the_operator_acts_on(
     gcj = api.object(GCJ_RES, NS, NAME) or {}
     assert gcj["metadata"]["annotations"][contract.ANNOTATION_BACKFILL] == expected
     await full_pass(client, NS, NAME, now=datetime.now(UTC), memory=PassMemory())
-    assert [j["metadata"]["name"] for j in jobs(api)] == [f"{NAME}-{epoch_minute(since)}"]
+    assert [j["metadata"]["name"] for j in jobs(api)] == [f"{NAME}-{epoch_minute(since)}-b1"]
 
     # A used token is refused; nothing changes.
     assert await cli(*range_args, "--token", "b7") == contract.EXIT_USAGE

@@ -49,11 +49,20 @@ def parsed(**spec: Any) -> ParsedSpec:
     return parse_guarded_cronjob(body)
 
 
-def ran(slot: datetime, outcome: Outcome = Outcome.SUCCEEDED, *, final: bool = True) -> RunRecord:
+def ran(slot: datetime, outcome: Outcome = Outcome.SUCCEEDED, *, final: bool = True,
+        kind: str | None = None, attempt: int = 1, reason: str = "x",
+        finished: datetime | None = None) -> RunRecord:
+    """A run of `slot`: the controller's Job, or (`kind`) the operator's attempt at it."""
     minute = epoch_minute(slot)
-    return RunRecord(job=f"nightly-invoices-{minute}", outcome=outcome, reason="x", slot=minute,
+    job = (f"nightly-invoices-{minute}" if kind is None
+           else contract.attempt_job_name("nightly-invoices", minute, kind, attempt))
+    return RunRecord(job=job, outcome=outcome, reason=reason, slot=minute,
                      scheduled_at=slot, started_at=slot,
-                     finished_at=slot + timedelta(minutes=1) if final else None)
+                     finished_at=(finished or slot + timedelta(minutes=1)) if final else None)
+
+
+LEASE_HELD = "lease held by west/billing/nightly-invoices-29408890-b1-x (fence 7)"
+CLAIMED = "slot 29408890 already ran under west/billing/x (fence 7)"
 
 
 def plan(spec: ParsedSpec, runs: list[RunRecord], *, previous: dict[str, Any] | None = None,
@@ -110,15 +119,16 @@ def test_all_makes_up_oldest_first_within_max_runs_one_per_pass() -> None:
     assert first.given_up[-1] == at("11:10") and first.settled_through == at("11:10")
     status = first.to_status(None)
     # The make-up Job for 11:20 exists (running): busy, nothing more starts.
-    running = [ran(at("11:20"), final=False)]
+    catch_up = contract.RUN_KIND_CATCH_UP
+    running = [ran(at("11:20"), final=False, kind=catch_up)]
     second = plan(spec, running, previous=status, busy=True)
     assert second.start is None and second.settled_through == at("11:10")
     # Finished: the next oldest of the chosen ones, never an older given-up one.
-    third = plan(spec, [ran(at("11:20"))], previous=status)
+    third = plan(spec, [ran(at("11:20"), kind=catch_up)], previous=status)
     assert third.start == at("11:30")
-    fourth = plan(spec, [ran(at("11:20")), ran(at("11:30"))], previous=status)
+    fourth = plan(spec, [ran(at(t), kind=catch_up) for t in ("11:20", "11:30")], previous=status)
     assert fourth.start == at("11:40")
-    done = plan(spec, [ran(at(t)) for t in ("11:20", "11:30", "11:40")], previous=status)
+    done = plan(spec, [ran(at(t), kind=catch_up) for t in ("11:20", "11:30", "11:40")], previous=status)
     assert done.start is None and done.settled_through == at("11:40")
 
 
@@ -131,8 +141,9 @@ def test_a_slot_is_missed_only_past_its_deadline_and_inside_the_window() -> None
 
 def test_guard_error_slots_are_missed_skipped_and_manual_are_not() -> None:
     spec = parsed(catchUp={"policy": "All", "windowSeconds": 1800, "maxRuns": 10})
-    guard_error = ran(at("11:40"), Outcome.GUARD_ERROR)
-    assert plan(spec, [guard_error]).start == at("11:40")
+    guard_error = ran(at("11:40"), Outcome.GUARD_ERROR)  # the controller's Job, which still exists
+    made_up = plan(spec, [guard_error])
+    assert (made_up.start, made_up.attempt) == (at("11:40"), 1)  # under another name (below)
     assert plan(spec, [ran(at("11:40"), Outcome.SKIPPED)]).start is None
     manual = RunRecord(job="nightly-invoices-manual-bcdfg", outcome=Outcome.SUCCEEDED, reason="x",
                        manual=True, finished_at=at("11:45"))
@@ -167,9 +178,17 @@ def cronjob() -> dict[str, Any]:
 @pytest.mark.parametrize("kind", [contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL])
 def test_a_slot_job_is_a_scheduled_run_of_its_slot_marked_with_its_kind(kind: str) -> None:
     slot = epoch_minute(at("11:40"))
-    job = build_slot_job(cronjob(), slot=slot, scheduled_at=format_time(at("11:40")), run_kind=kind)
-    assert job["metadata"]["name"] == f"nightly-invoices-{slot}"
-    assert contract.slot_from_job_name(job["metadata"]["name"], "nightly-invoices") == slot
+    job = build_slot_job(cronjob(), slot=slot, scheduled_at=format_time(at("11:40")), run_kind=kind,
+                         attempt=2)
+    letter = contract.ATTEMPT_LETTERS[kind]
+    assert job["metadata"]["name"] == f"nightly-invoices-{slot}-{letter}2"
+    assert contract.attempt_of(job["metadata"]["name"]) == (slot, kind, 2)
+    # Not the controller's name for the slot: the guard is told the slot instead.
+    assert contract.slot_from_job_name(job["metadata"]["name"], "nightly-invoices") is None
+    [guard] = [c for c in job["spec"]["template"]["spec"]["initContainers"]
+               if c["name"] == contract.GUARD_CONTAINER]
+    assert "--job-name" not in guard["args"] and "--cronjob" not in guard["args"]
+    assert guard["args"][guard["args"].index("--slot") + 1] == str(slot)
     annotations = job["metadata"]["annotations"]
     assert annotations[contract.ANNOTATION_RUN_KIND] == kind
     assert job["spec"]["template"]["metadata"]["annotations"][contract.ANNOTATION_RUN_KIND] == kind
@@ -209,30 +228,70 @@ ANNOTATION = "b1:2026-12-01T10:00:00Z/2026-12-01T10:40:00Z"  # slots 10:00, 10:1
 
 def test_a_backfill_runs_its_slots_one_at_a_time_oldest_first_skipping_those_that_ran() -> None:
     spec = parsed()
-    runs = [ran(at("10:10"))]  # already ran here: skipped without a Job
+    backfill = contract.RUN_KIND_BACKFILL
+    runs = [ran(at("10:10"))]  # already ran here (the schedule's run): skipped without a Job
     first = step(spec, ANNOTATION, None, runs)
-    assert first.start == at("10:00") and first.notes[0][0] == "BackfillStarted"
-    status = started(first.status, f"nightly-invoices-{epoch_minute(at('10:00'))}")
+    assert (first.start, first.attempt) == (at("10:00"), 1) and first.notes[0][0] == "BackfillStarted"
+    status = started(first.status, "nightly-invoices-x-b1")
     assert status["remaining"] == 4 and status["state"] == RUNNING
     # Its run is going: nothing more starts.
-    going = [*runs, ran(at("10:00"), final=False)]
+    going = [*runs, ran(at("10:00"), final=False, kind=backfill)]
     assert step(spec, ANNOTATION, status, going).start is None
     # It ran; 10:10 has a run already (skipped); 10:20 is next.
-    second = step(spec, ANNOTATION, status, [*runs, ran(at("10:00"))])
+    runs.append(ran(at("10:00"), kind=backfill))
+    second = step(spec, ANNOTATION, status, runs)
     assert second.start == at("10:20")
     assert (second.status["done"], second.status["skipped"], second.status["remaining"]) == (1, 1, 2)
-    status = started(second.status, f"nightly-invoices-{epoch_minute(at('10:20'))}")
-    # The 10:20 run was skipped by its guard (the slot ran in another cluster).
-    third = step(spec, ANNOTATION, status, [*runs, ran(at("10:00")), ran(at("10:20"), Outcome.SKIPPED)])
+    assert "running" not in second.status
+    # The 10:20 run was skipped by its guard: the slot ran in another cluster.
+    runs.append(ran(at("10:20"), Outcome.SKIPPED, kind=backfill, reason=CLAIMED))
+    third = step(spec, ANNOTATION, second.status, runs)
     assert third.start == at("10:30") and third.status["skipped"] == 2
-    status = started(third.status, f"nightly-invoices-{epoch_minute(at('10:30'))}")
-    last = step(spec, ANNOTATION, status, [ran(at(t)) for t in ("10:00", "10:10", "10:30")]
-                + [ran(at("10:20"), Outcome.SKIPPED)])
+    runs.append(ran(at("10:30"), kind=backfill))
+    last = step(spec, ANNOTATION, third.status, runs)
     assert last.start is None and last.status["state"] == COMPLETED
     assert (last.status["done"], last.status["skipped"], last.status["remaining"]) == (2, 2, 0)
     # One backfill per token: the same annotation again starts nothing.
     again = step(spec, ANNOTATION, last.status, [])
     assert again.start is None and again.status == last.status and again.notes == ()
+
+
+def test_an_attempt_turned_away_by_a_held_lease_is_tried_again_later_at_most_three_times() -> None:
+    """Two clusters backfilling (or catching up) the same slots at once: an attempt that
+    found the lease held neither ran the slot nor claimed it, so it must be tried again,
+    or the slot would run nowhere. Old code counted it as skipped and moved on."""
+    spec = parsed()
+    backfill = contract.RUN_KIND_BACKFILL
+    status = step(spec, ANNOTATION, None, []).status
+    turned_away = [ran(at("10:00"), Outcome.SKIPPED, kind=backfill, reason=LEASE_HELD,
+                       finished=NOW - timedelta(seconds=10))]
+    waiting = step(spec, ANNOTATION, status, turned_away)
+    assert waiting.start is None and waiting.status["skipped"] == 0  # retried after 30 s
+    later = advance_backfill(spec, annotation=ANNOTATION, previous=status, runs=turned_away, busy=False,
+                             suspended=False, now=NOW + timedelta(seconds=25))
+    assert (later.start, later.attempt) == (at("10:00"), 2)
+    # A guard error (the database unreachable) is tried again too; after three attempts
+    # the slot is given up (counted as skipped).
+    tried = [*turned_away,
+             ran(at("10:00"), Outcome.GUARD_ERROR, kind=backfill, attempt=2,
+                 finished=NOW - timedelta(minutes=5)),
+             ran(at("10:00"), Outcome.SKIPPED, kind=backfill, attempt=3, reason=LEASE_HELD,
+                 finished=NOW - timedelta(minutes=4))]
+    given_up = step(spec, ANNOTATION, status, tried)
+    assert given_up.start == at("10:10") and given_up.status["skipped"] == 1
+
+
+def test_catch_up_tries_a_turned_away_make_up_again() -> None:
+    spec = parsed(catchUp={"policy": "Latest", "windowSeconds": 1500})  # 11:40 is the one due slot
+    turned_away = ran(at("11:40"), Outcome.SKIPPED, kind=contract.RUN_KIND_CATCH_UP, reason=LEASE_HELD,
+                      finished=NOW - timedelta(minutes=2))
+    again = plan(spec, [turned_away])
+    assert (again.start, again.attempt) == (at("11:40"), 2)
+    claimed = ran(at("11:40"), Outcome.SKIPPED, kind=contract.RUN_KIND_CATCH_UP, reason=CLAIMED)
+    assert plan(spec, [claimed]).start is None  # it ran in another cluster: settled
+    # The controller's own run skipped because the lease was held (Forbid) is not missed.
+    forbid = ran(at("11:40"), Outcome.SKIPPED, reason=LEASE_HELD)
+    assert plan(spec, [forbid]).start is None
 
 
 def test_a_backfill_waits_while_another_run_is_active() -> None:
@@ -242,7 +301,7 @@ def test_a_backfill_waits_while_another_run_is_active() -> None:
 
 def test_removing_the_annotation_or_suspending_stops_it_for_good() -> None:
     spec = parsed()
-    status = started(step(spec, ANNOTATION, None, []).status, "nightly-invoices-x")
+    status = started(step(spec, ANNOTATION, None, []).status, "nightly-invoices-x-b1")
     removed = step(spec, None, status, [])
     assert removed.status["state"] == STOPPED and "was removed" in removed.status["message"]
     assert step(spec, ANNOTATION, removed.status, []).start is None  # the same token: no restart
@@ -262,7 +321,7 @@ def test_a_bad_annotation_is_recorded_once_as_invalid() -> None:
 def test_the_guard_of_a_slot_job_is_told_its_run_kind() -> None:
     slot = epoch_minute(at("11:40"))
     job = build_slot_job(cronjob(), slot=slot, scheduled_at=format_time(at("11:40")),
-                         run_kind=contract.RUN_KIND_BACKFILL)
+                         run_kind=contract.RUN_KIND_BACKFILL, attempt=1)
     [guard] = [c for c in job["spec"]["template"]["spec"]["initContainers"]
                if c["name"] == contract.GUARD_CONTAINER]
     assert guard["args"][-2:] == [contract.GUARD_RUN_KIND_FLAG, contract.RUN_KIND_BACKFILL]

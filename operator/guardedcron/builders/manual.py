@@ -128,26 +128,23 @@ def build_manual_job(cronjob: Mapping[str, Any], *, job_name: str, started_by: s
 
 
 
-def slot_job_name(cronjob_name: str, slot: int) -> str:
-    """`<cronjob>-<slot>`: the name the CronJob controller gives the Job of that slot, from
-    which the guard reads the slot it claims (contract.slot_from_job_name)."""
-    return f"{cronjob_name}-{slot}"
-
-
 def build_slot_job(cronjob: Mapping[str, Any], *, slot: int, scheduled_at: str,
-                   run_kind: str) -> dict[str, Any]:
-    """The Job that makes up (catch-up) or backfills the slot `slot` of `cronjob`.
+                   run_kind: str, attempt: int) -> dict[str, Any]:
+    """Attempt `attempt` at the past slot `slot` of `cronjob`: a make-up run (catch-up) or
+    a backfill run (docs/design.md, "Catch-up and backfill").
 
-    Named `<cronjob>-<slot>` so its guard claims the slot, exactly as the scheduled run
-    would have: whichever cluster runs the slot first wins, every other copy skips. Not
-    a manual run: no `instantiate: manual`, no guardedcron.io/manual, and the CronJob
-    controller's scheduled-timestamp annotation (`scheduled_at`, RFC 3339), so status
-    reads it as the slot's run. `run_kind` (contract.RUN_KIND_*) goes on the Job and on
-    its pod template, where the workload can read it (downward API).
+    Named `<cronjob>-<slot>-<c|b><attempt>` (contract.attempt_job_name): never the
+    controller's name for the slot, whose Job may exist. Its guard is given the slot with
+    `--slot` instead of reading it from the Job's name, so it claims that slot exactly as
+    the scheduled run would have: whichever cluster runs the slot first wins, every other
+    copy skips. Not a manual run: no `instantiate: manual`, no guardedcron.io/manual, and
+    the CronJob controller's scheduled-timestamp annotation (`scheduled_at`, RFC 3339),
+    from which status reads the slot. `run_kind` (contract.RUN_KIND_*) goes on the Job,
+    on its pod template (downward API) and to the guard (`--run-kind`, for lease.json).
     """
     metadata = get_path(cronjob, "metadata") or {}
-    job = build_manual_job(cronjob, job_name=slot_job_name(str(metadata.get("name") or ""), slot),
-                           started_by=run_kind)
+    name = contract.attempt_job_name(str(metadata.get("name") or ""), slot, run_kind, attempt)
+    job = build_manual_job(cronjob, job_name=name, started_by=run_kind)
     annotations = job["metadata"]["annotations"]
     for key in (contract.ANNOTATION_KUBECTL_INSTANTIATE, contract.ANNOTATION_MANUAL):
         annotations.pop(key, None)
@@ -156,4 +153,20 @@ def build_slot_job(cronjob: Mapping[str, Any], *, slot: int, scheduled_at: str,
     pod_metadata = job["spec"].setdefault("template", {}).setdefault("metadata", {})
     pod_metadata["annotations"] = {**(pod_metadata.get("annotations") or {}),
                                    contract.ANNOTATION_RUN_KIND: run_kind}
-    return mark_run_kind(job, run_kind)  # the guard writes it into lease.json
+    for container in get_path(job, "spec", "template", "spec", "initContainers") or ():
+        if isinstance(container, dict) and container.get("name") == contract.GUARD_CONTAINER:
+            container["args"] = _with_slot(list(container.get("args") or ()), slot)
+    return mark_run_kind(job, run_kind)
+
+
+def _with_slot(args: list[str], slot: int) -> list[str]:
+    """The guard's arguments with `--job-name X` (the slot from the Job's name) replaced
+    by `--slot N`, and the `--cronjob` that only goes with --job-name dropped."""
+    result: list[str] = []
+    pairs = iter(args)
+    for arg in pairs:
+        if arg in ("--job-name", "--cronjob"):
+            next(pairs, None)
+            continue
+        result.append(arg)
+    return [*result, "--slot", str(slot)]

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from guardedcron import contract
-from guardedcron.builders.manual import ManualRunError, build_slot_job, slot_job_name
+from guardedcron.builders.manual import ManualRunError, build_slot_job
 from guardedcron.handlers.context import PassMemory
 from guardedcron.handlers.observe import Body
 from guardedcron.kube import JOBS, ApiError, Conflict, KubeClient
@@ -89,7 +89,7 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     started: str | None = None
     if plan is not None and plan.start is not None and cronjob is not None:
         made, event = await _start_slot_job(gcj, cronjob, plan.start, contract.RUN_KIND_CATCH_UP,
-                                            client=client, memory=memory, logger=logger)
+                                            plan.attempt, client=client, memory=memory, logger=logger)
         events += event
         if made:
             started, busy = contract.RUN_KIND_CATCH_UP, True
@@ -102,37 +102,40 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     events += [RunEvent(_NOTE_REASONS[reason], message, subject=message) for reason, message in step.notes]
     if step.start is not None and backfill is not None and cronjob is not None:
         made, event = await _start_slot_job(gcj, cronjob, step.start, contract.RUN_KIND_BACKFILL,
-                                            client=client, memory=memory, logger=logger)
+                                            step.attempt, client=client, memory=memory, logger=logger)
         events += event
         if made:
             started = contract.RUN_KIND_BACKFILL
-            name = slot_job_name(str(get_path(cronjob, "metadata", "name")), epoch_minute(step.start))
-            backfill = backfill_status.started(backfill, name)
+            backfill = backfill_status.started(backfill, contract.attempt_job_name(
+                str(get_path(cronjob, "metadata", "name")), epoch_minute(step.start),
+                contract.RUN_KIND_BACKFILL, step.attempt))
     status = SchedulingStatus(
         catch_up=catch_up, backfill=backfill, failures=suspension.status,
         suspended_for_failures=suspension.suspended, failed_runs=suspension.failed_runs)
     return SlotsResult(status=status, events=events, started=started)
 
 
-async def _start_slot_job(gcj: Body, cronjob: Body, slot_time: datetime, kind: str, *,
+async def _start_slot_job(gcj: Body, cronjob: Body, slot_time: datetime, kind: str, attempt: int, *,
                           client: KubeClient, memory: PassMemory, logger: Logger
                           ) -> tuple[bool, list[RunEvent]]:
-    """Create the Job for one past slot: (started, Events). AlreadyExists is started."""
+    """Create the Job for one attempt at a past slot: (started, Events). AlreadyExists
+    (the same attempt, from a pass whose status write was lost) is started."""
     slot = epoch_minute(slot_time)
     namespace = str(get_path(cronjob, "metadata", "namespace") or "")
-    name = slot_job_name(str(get_path(cronjob, "metadata", "name") or ""), slot)
+    name = contract.attempt_job_name(str(get_path(cronjob, "metadata", "name") or ""), slot, kind, attempt)
     what = "make-up run" if kind == contract.RUN_KIND_CATCH_UP else "backfill run"
 
     def failed(why: str) -> tuple[bool, list[RunEvent]]:
         # Once per slot in this process: every Job event starts a pass.
-        if not memory.first_time(uid_of(gcj), f"{kind}\n{slot}"):
+        if not memory.first_time(uid_of(gcj), f"{kind}\n{name}"):
             return False, []
         message = f"no {what} for the slot at {format_time(slot_time)}: {why}"
         logger.info(message)
         return False, [RunEvent(EventReason.MAKE_UP_RUN_FAILED, message, subject=name)]
 
     try:
-        job = build_slot_job(cronjob, slot=slot, scheduled_at=format_time(slot_time), run_kind=kind)
+        job = build_slot_job(cronjob, slot=slot, scheduled_at=format_time(slot_time), run_kind=kind,
+                             attempt=attempt)
     except ManualRunError as error:
         return failed(f"CronJob {name} cannot give a guarded run: {error}")
     try:

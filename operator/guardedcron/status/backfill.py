@@ -23,8 +23,8 @@ from typing import Any, Final
 
 from guardedcron import contract
 from guardedcron.spec import ParsedSpec
-from guardedcron.status.catchup import settled_slots
 from guardedcron.status.runs import HELD_LEASE, RunRecord
+from guardedcron.status.slots import SlotState, is_attempt_of_kind, next_attempt, slot_state
 from guardedcron.status.times import epoch_minute, format_time, parse_time
 
 STATUS_KEY: Final = "backfill"
@@ -108,6 +108,7 @@ def backfill_slots(parsed: ParsedSpec, since: datetime, until: datetime,
 class BackfillStep:
     status: dict[str, Any] | None  # status.backfill to write (None: none)
     start: datetime | None = None  # the slot to start a Job for now
+    attempt: int = 1  # its attempt number (status/slots.py)
     # (what happened, for the Event): BackfillStarted, BackfillCompleted, BackfillStopped, BackfillRefused
     notes: tuple[tuple[str, str], ...] = field(default=())
 
@@ -149,30 +150,29 @@ def advance_backfill(parsed: ParsedSpec, *, annotation: str | None,
                   f"{format_time(request.since)} until {format_time(request.until)}"),)
     if suspended:
         return _stop(state, "the job is suspended", notes)
-    return _progress(parsed, state, runs, busy=busy, notes=notes)
+    return _progress(parsed, state, runs, busy=busy, now=now, notes=notes)
 
 
 def _progress(parsed: ParsedSpec, state: dict[str, Any], runs: Iterable[RunRecord], *, busy: bool,
-              notes: tuple[tuple[str, str], ...]) -> BackfillStep:
+              now: datetime, notes: tuple[tuple[str, str], ...]) -> BackfillStep:
     records = list(runs)
-    until = parse_time(state.get("until"))
-    cursor = parse_time(state.get("next"))
-    running = state.get("running")
-    if isinstance(running, str) and running:
-        run = next((r for r in records if r.job == running), None)
-        if run is None or not run.final:
-            return BackfillStep(status=state, notes=notes)  # its Job is not seen yet, or still runs
-        # A run that held the lease did the slot's work (whatever its outcome); any other
-        # found it claimed (run elsewhere), the lease held, or could not decide.
-        key = "done" if run.outcome in HELD_LEASE else "skipped"
-        state[key] = _count(state, key) + 1
-        del state["running"]
-        cursor = parsed.spec.schedule.next_after(cursor, parsed.spec.zone) if cursor is not None else None
-    settled = settled_slots(records)
+    until, cursor = parse_time(state.get("until")), parse_time(state.get("next"))
     remaining = backfill_slots(parsed, cursor, until) if cursor is not None and until is not None else []
-    # Slots with a run here are skipped without a Job.
-    while remaining and epoch_minute(remaining[0]) in settled:
-        state["skipped"] = _count(state, "skipped") + 1
+    # Slots decided since the last pass are counted once, as the cursor passes them.
+    while remaining:
+        slot = epoch_minute(remaining[0])
+        where = slot_state(records, slot, now=now)
+        if where is SlotState.RAN and any(
+                run.slot == slot and run.outcome in HELD_LEASE
+                and is_attempt_of_kind(run.job, contract.RUN_KIND_BACKFILL) for run in records):
+            state["done"] = _count(state, "done") + 1
+        elif where in (SlotState.RAN, SlotState.SETTLED):
+            # Run here before (by the schedule, a make-up or an earlier backfill), claimed
+            # by a run in another cluster, or given up after MAX_ATTEMPTS attempts.
+            state["skipped"] = _count(state, "skipped") + 1
+        else:
+            break
+        state.pop("running", None)
         remaining.pop(0)
     if not remaining:
         state.pop("next", None)
@@ -183,9 +183,10 @@ def _progress(parsed: ParsedSpec, state: dict[str, Any], runs: Iterable[RunRecor
             f"{state.get('skipped', 0)} slots skipped (already run, here or in another cluster)"))))
     state["next"] = format_time(remaining[0])
     state["remaining"] = len(remaining)
-    if busy:
-        return BackfillStep(status=state, notes=notes)
-    return BackfillStep(status=state, start=remaining[0], notes=notes)
+    slot = epoch_minute(remaining[0])
+    if busy or slot_state(records, slot, now=now) is not SlotState.OPEN:
+        return BackfillStep(status=state, notes=notes)  # its run goes on, or waits to be retried
+    return BackfillStep(status=state, start=remaining[0], attempt=next_attempt(records, slot), notes=notes)
 
 
 def started(state: Mapping[str, Any], job_name: str) -> dict[str, Any]:

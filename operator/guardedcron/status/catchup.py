@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from guardedcron.spec import ParsedSpec
-from guardedcron.status.runs import Outcome, RunRecord
+from guardedcron.status.runs import RunRecord
+from guardedcron.status.slots import SlotState, next_attempt, slot_state
 from guardedcron.status.times import epoch_minute, format_time, parse_time
 
 STATUS_KEY: Final = "catchUp"
@@ -34,6 +35,7 @@ class CatchUpPlan:
     start: datetime | None  # the slot to make up now, UTC; None: nothing to start
     settled_through: datetime | None  # the new watermark
     given_up: tuple[datetime, ...] = ()  # missed slots this plan will not make up (too many)
+    attempt: int = 1  # the attempt number for `start` (status/slots.py)
 
     def to_status(self, previous: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """status.catchUp: the watermark and the slots given up last (kept until a new
@@ -46,13 +48,6 @@ class CatchUpPlan:
         elif previous and isinstance(previous.get("givenUp"), list):
             item["givenUp"] = list(previous["givenUp"])
         return item or None
-
-
-def settled_slots(runs: Iterable[RunRecord]) -> set[int]:
-    """Slots with a scheduled (not manual) run here that got to a decision, or is running."""
-    return {run.slot for run in runs
-            if run.slot is not None and not run.manual and not (
-                run.final and run.outcome is Outcome.GUARD_ERROR)}
 
 
 def plan_catch_up(parsed: ParsedSpec, *, runs: Iterable[RunRecord], created_at: datetime,
@@ -80,23 +75,33 @@ def plan_catch_up(parsed: ParsedSpec, *, runs: Iterable[RunRecord], created_at: 
                             watermark) if t is not None)
     if latest_due is None or latest_due <= floor:
         return CatchUpPlan(start=None, settled_through=watermark)
-    settled = settled_slots(runs)
+    records = list(runs)
+    with_runs = {run.slot for run in records if run.slot is not None and not run.manual}
     last_scheduled = epoch_minute(last_schedule_time) if last_schedule_time is not None else None
     wanted = 1 if spec.catch_up.policy == "Latest" else spec.catch_up.max_runs
-    missed: list[datetime] = []  # newest first
+    missed: list[tuple[datetime, SlotState]] = []  # newest first
     given_up: list[datetime] = []
     slot_time: datetime | None = latest_due
     for _ in range(MAX_SLOTS_EXAMINED):
         if slot_time is None or slot_time <= floor:
             break
         slot = epoch_minute(slot_time)
-        if slot not in settled and slot != last_scheduled:
-            (missed if len(missed) < wanted else given_up).append(slot_time)
+        # The controller's lastScheduleTime stands for a run whose Job is gone already.
+        state = SlotState.SETTLED if slot == last_scheduled and slot not in with_runs \
+            else slot_state(records, slot, now=now)
+        if state in (SlotState.OPEN, SlotState.WAITING):
+            if len(missed) < wanted:
+                missed.append((slot_time, state))
+            else:
+                given_up.append(slot_time)
         slot_time = spec.schedule.previous_at_or_before(slot_time - timedelta(minutes=1), spec.zone)
     if not missed:
         return CatchUpPlan(start=None, settled_through=latest_due)
     # Slots older than the ones chosen are given up now, so the choice cannot move on
     # the next pass (when the newest chosen one has run, an older one would fit).
     through = given_up[0] if given_up else watermark  # given_up[0] is above the floor
-    return CatchUpPlan(start=None if busy else missed[-1], settled_through=through,
-                       given_up=tuple(reversed(given_up)))
+    oldest, state = missed[-1]
+    ready = not busy and state is SlotState.OPEN
+    return CatchUpPlan(start=oldest if ready else None, settled_through=through,
+                       given_up=tuple(reversed(given_up)),
+                       attempt=next_attempt(records, epoch_minute(oldest)))

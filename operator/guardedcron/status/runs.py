@@ -37,6 +37,8 @@ from guardedcron.status.times import epoch_minute, format_time, parse_time
 REASON_MAX: Final = 512
 # The end of a Lost run's reason while its workload runs on.
 STILL_RUNNING: Final = "; workload still running"
+# In the reason of a run skipped because its slot was already claimed (it ran somewhere).
+SLOT_CLAIMED_WORDS: Final = "already ran under"
 _LONG_AGO: Final = datetime.min.replace(tzinfo=UTC)  # sorts records without any time last
 # The Job controller's message for a FailJob rule (pkg/controller/job/pod_failure_policy.go).
 _RULE_MESSAGE = re.compile(r"failed with exit code (-?\d+) matching FailJob rule at index (\d+)")
@@ -254,7 +256,7 @@ def _skipped(base: _Facts, report: GuardReport, guard_finished: datetime | None)
         return base.record(Outcome.SKIPPED, f"guard exited 75 (not acquired); {why}",
                            slot=slot, finished_at=finished)
     if report.reason == AcquireReason.SLOT_CLAIMED:
-        reason = f"slot {slot} already ran under {report.holder or 'an unknown holder'}"
+        reason = f"slot {slot} {SLOT_CLAIMED_WORDS} {report.holder or 'an unknown holder'}"
     elif report.reason == AcquireReason.ROW_BUSY:
         reason = "lease row busy with a fenced write of the previous holder"
     else:
