@@ -10,8 +10,18 @@ them with the local Go toolchain, once per version, into a cache folder:
 Each group is keyed on the sources it is built from only, so adding a node binary does
 not rebuild the control plane.
 
-A cold build takes many minutes on two cores; a warm call only checks the binaries and
-the stamp. Delete the folder, or set GUARDEDCRON_REBUILD=1, to force a rebuild.
+A cold build takes many minutes on two cores; each `go build` runs through
+long_step.run_long_step, which prints a line every 15 s (what is being built, for how
+long, the log's path) and stops a build that passes GO_BUILD_TIMEOUT_S. A warm call only
+checks the binaries and the stamp. Delete the folder, or set GUARDEDCRON_REBUILD=1, to
+force a rebuild.
+
+Prebuilt envtest binaries: when $KUBEBUILDER_ASSETS names a folder holding executable
+`etcd` and `kube-apiserver` (what controller-runtime's setup-envtest installs), those
+are used and not built. envtest does not ship kube-controller-manager, which the e2e
+tests need (Jobs, garbage collection, service-account tokens), so it is still built from
+our pinned module (and kubectl too when the folder has none); the four are linked into
+one folder under the cache, keyed by the assets' path.
 """
 
 from __future__ import annotations
@@ -30,19 +40,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from guardedcron_devenv.long_step import FAILURE_TAIL_LINES as FAILURE_TAIL_LINES
+from guardedcron_devenv.long_step import BuildError as BuildError
+from guardedcron_devenv.long_step import Progress as Progress
+from guardedcron_devenv.long_step import run_long_step
+
 GO_SOURCES: Final = Path(__file__).resolve().parent / "go"
 KUBE_MODULE: Final = "k8s.io/kubernetes"
 ETCD_MODULE: Final = "go.etcd.io/etcd/server/v3"
 REBUILD_ENV: Final = "GUARDEDCRON_REBUILD"
 STAMP_FILE: Final = "stamp.json"
 BUILD_LOG: Final = "build.log"
-FAILURE_TAIL_LINES: Final = 40
-
-Progress = Callable[[str], None]
-
-
-class BuildError(RuntimeError):
-    """A binary could not be built; the message ends with the last lines of go's output."""
+# The bound on one `go build` (one binary): a cold kube-apiserver build takes about ten
+# minutes on two busy cores; past an hour something hangs.
+GO_BUILD_TIMEOUT_S: Final = 3600.0
+ASSETS_ENV: Final = "KUBEBUILDER_ASSETS"
+# What envtest's assets must hold for us to use them; kubectl is used when present.
+ASSETS_REQUIRED: Final = ("etcd", "kube-apiserver")
+VERSION_QUERY_TIMEOUT_S: Final = 30.0
 
 
 @dataclass(frozen=True)
@@ -221,9 +236,13 @@ def pinned_versions(root: Path = GO_SOURCES) -> tuple[str, str]:
 
 
 def ensure_binaries(progress: Progress = print) -> Paths:
-    """Return the cached binaries, building them first if absent, stale or forced."""
+    """Return the cached binaries, building them first if absent, stale or forced; with
+    $KUBEBUILDER_ASSETS, envtest's etcd and kube-apiserver instead of building them."""
     kube_version, etcd_version = pinned_versions()
     cache_root = build_cache_root(os.environ)
+    assets = prebuilt_assets(os.environ)
+    if assets is not None:
+        return _with_prebuilt(assets, kube_version, cache_root, progress)
     version_dir = cache_root / build_version_dir_name(kube_version, etcd_version)
     paths = Paths(version_dir / "bin", kube_version, etcd_version)
     build_cached(
@@ -235,6 +254,82 @@ def ensure_binaries(progress: Progress = print) -> Paths:
         lambda: build_targets(TARGETS, paths.bin_dir, kube_version, cache_root, progress),
     )
     return paths
+
+
+def prebuilt_assets(env: dict[str, str] | os._Environ[str]) -> Path | None:
+    """The envtest folder $KUBEBUILDER_ASSETS names, None when unset; a folder without an
+    executable etcd and kube-apiserver is an error (the variable says to use it)."""
+    value = env.get(ASSETS_ENV, "")
+    if not value:
+        return None
+    folder = Path(value)
+    missing = [name for name in ASSETS_REQUIRED if not os.access(folder / name, os.X_OK)]
+    if missing:
+        raise BuildError(
+            f"${ASSETS_ENV} is {folder}, which holds no executable {' or '.join(missing)}; "
+            f"point it at a folder with etcd and kube-apiserver (setup-envtest's), or unset it "
+            "to build them from the pinned Go modules"
+        )
+    return folder
+
+
+def assets_link_dir(cache_root: Path, assets: Path) -> Path:
+    """Where the envtest binaries and the ones built beside them are linked together."""
+    key = hashlib.sha256(str(assets.resolve()).encode()).hexdigest()[:12]
+    return cache_root / f"kubebuilder-assets-{key}" / "bin"
+
+
+def _with_prebuilt(assets: Path, kube_version: str, cache_root: Path, progress: Progress) -> Paths:
+    by_name = {t.name: t for t in TARGETS}
+    has_kubectl = os.access(assets / "kubectl", os.X_OK)
+    # envtest never ships kube-controller-manager; kubectl only in some releases.
+    built = (by_name["kube-controller-manager"],) + (() if has_kubectl else (by_name["kubectl"],))
+    names = " and ".join(t.name for t in built)
+    apiserver_version = _reported_version(assets / "kube-apiserver", r"v\d+\.\d+\.\d+\S*")
+    etcd_version = "v" + _reported_version(assets / "etcd", r"etcd Version: v?(\S+)")
+    progress(
+        f"guardedcron: etcd {etcd_version} and kube-apiserver {apiserver_version} from "
+        f"${ASSETS_ENV} ({assets}); {names} (not in envtest's assets) from Go modules, "
+        f"Kubernetes {kube_version}"
+    )
+    version_dir = cache_root / f"prebuilt-companions-{kube_version}"
+    companions = version_dir / "bin"
+    build_cached(
+        version_dir,
+        lambda: build_stamp(sources_digest(only=target_sources(built)), kube_version, "", built),
+        lambda wanted: _is_current(companions, built, wanted),
+        lambda: build_targets(built, companions, kube_version, cache_root, progress),
+    )
+    link_dir = assets_link_dir(cache_root, assets)
+    link_dir.mkdir(parents=True, exist_ok=True)
+    sources = {name: assets / name for name in (*ASSETS_REQUIRED, *(("kubectl",) if has_kubectl else ()))}
+    sources |= {t.name: companions / t.name for t in built}
+    for name, source in sources.items():
+        _link(link_dir / name, source)
+    return Paths(link_dir, apiserver_version, etcd_version)
+
+
+def _link(link: Path, target: Path) -> None:
+    """Point `link` at `target`, replacing what was there in one step."""
+    partial = link.with_name(f".{link.name}.partial")
+    partial.unlink(missing_ok=True)
+    partial.symlink_to(target.resolve())
+    os.replace(partial, link)
+
+
+def _reported_version(binary: Path, pattern: str) -> str:
+    """The version a binary prints for --version (first match of `pattern`'s group or
+    whole match)."""
+    try:
+        result = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
+                                timeout=VERSION_QUERY_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise BuildError(f"{binary} --version did not answer: {error}") from None
+    match = re.search(pattern, result.stdout + result.stderr)
+    if result.returncode != 0 or match is None:
+        raise BuildError(f"{binary} --version (exit {result.returncode}) printed no version: "
+                         f"{(result.stdout + result.stderr).strip()[:200]!r}")
+    return match.group(1) if match.groups() else match.group(0)
 
 
 def ensure_node_binaries(progress: Progress = print) -> NodeBinaries:
@@ -322,10 +417,10 @@ def build_targets(
     for index, target in enumerate(targets, start=1):
         progress(
             f"guardedcron: building {target.name} ({index}/{len(targets)}) from Go modules "
-            "(minutes on a cold cache)..."
+            f"(minutes on a cold cache; log: {log_path})..."
         )
         started = time.monotonic()
-        _run_go_build(target, scratch, kubernetes_version, env, log_path)
+        _run_go_build(target, scratch, kubernetes_version, env, log_path, progress)
         os.replace(scratch / target.name, bin_dir / target.name)
         progress(f"guardedcron: built {target.name} in {time.monotonic() - started:.0f} s")
     shutil.rmtree(scratch, ignore_errors=True)
@@ -333,26 +428,14 @@ def build_targets(
 
 
 def _run_go_build(
-    target: BuildTarget, out_dir: Path, kubernetes_version: str, env: dict[str, str], log_path: Path
+    target: BuildTarget, out_dir: Path, kubernetes_version: str, env: dict[str, str], log_path: Path,
+    progress: Progress,
 ) -> None:
-    command = build_go_command(target, out_dir, kubernetes_version)
-    result = subprocess.run(
-        command,
-        cwd=GO_SOURCES / target.module_dir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-    )
-    with log_path.open("a") as appended:
-        appended.write(f"$ {' '.join(command)}\n{result.stdout}\n")
-    if result.returncode != 0:
-        tail = "\n".join(result.stdout.splitlines()[-FAILURE_TAIL_LINES:])
-        raise BuildError(
-            f"building {target.name} failed (go exit {result.returncode}); "
-            f"full log: {log_path}\n{tail}"
-        )
+    run_long_step(
+        build_go_command(target, out_dir, kubernetes_version),
+        what=f"building {target.name}", log_path=log_path, timeout_s=GO_BUILD_TIMEOUT_S,
+        progress=progress, env=env, cwd=GO_SOURCES / target.module_dir,
+    )  # fmt: skip
 
 
 def main() -> None:

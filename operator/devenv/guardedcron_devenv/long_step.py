@@ -1,10 +1,11 @@
-"""Run a slow build step (debootstrap, `docker build`) with a bound, a log and a pulse.
+"""Run a slow build step (`go build`, debootstrap, `docker build`) with a bound, a log and
+a pulse.
 
-A cold image build spends minutes in single commands. Their output goes to a log file
-rather than the terminal; every PULSE_S seconds one line says the step is still going,
-for how long, and what it printed last, so a waiting person (or CI log) sees progress
-without the noise. A step that outlives its bound is killed with its whole process
-group, and the error names the log.
+A cold Go or image build spends minutes in single commands. Their output goes to a log
+file rather than the terminal; every PULSE_S seconds one line says what is still going,
+for how long, where its log is and what it printed last, so a waiting person (or CI log)
+sees progress without the noise. A step that outlives its bound is killed with its whole
+process group, and the error names the log.
 """
 
 from __future__ import annotations
@@ -15,15 +16,21 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
-from guardedcron_devenv.binaries import FAILURE_TAIL_LINES, BuildError, Progress
-
+# Where progress lines go: print, or pytest's terminal reporter.
+Progress = Callable[[str], None]
+FAILURE_TAIL_LINES: Final = 40
 PULSE_S: Final = 15.0
 POLL_S: Final = 1.0
 LAST_LINE_CHARS: Final = 100
+
+
+class BuildError(RuntimeError):
+    """A step (a Go build, an image build) failed; the message names its log and ends with
+    the log's last lines."""
 
 
 def run_long_step(
@@ -60,7 +67,8 @@ def run_long_step(
                         f"full log: {log_path}\n{log_tail(log_path)}"
                     ) from None
                 if now >= next_pulse:
-                    progress(f"guardedcron: {what}: {now - started:.0f} s ... {last_line(log_path)}")
+                    progress(f"guardedcron: {what}: still running after {now - started:.0f} s "
+                             f"(log: {log_path}) ... {last_line(log_path)}")
                     next_pulse += PULSE_S
     if returncode != 0:
         raise BuildError(
