@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from guardedcron import contract
-from guardedcron.handlers import observe, reconcile
+from guardedcron.handlers import observe, reconcile, scheduling
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.observe import Key, Packed
 
@@ -70,6 +70,15 @@ def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
     @kopf.on.update(*GCJ, id="reconcile", registry=registry, backoff=RETRY_BACKOFF_SECONDS)
     async def reconcile_guarded_cronjob(*, body: kopf.Body, logger: kopf.Logger, **kw: Any) -> None:
         # kopf passes each index as a keyword named after its id.
+        await reconcile.reconcile_guarded_cronjob(body, context=context, cronjobs=kw["owned_cronjobs"],
+                                                  jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
+
+    # Catch-up and backfill (issue 14) need a pass when nothing else happens: a slot
+    # missed while the CronJob controller was down, or an attempt due for its retry,
+    # makes no event. Only GuardedCronJobs that use them get this timer.
+    @kopf.timer(*GCJ, id="past_slots", registry=registry, interval=scheduling.TIMER_SECONDS,
+                initial_delay=scheduling.TIMER_SECONDS, when=scheduling.wants_timer)
+    async def past_slots(*, body: kopf.Body, logger: kopf.Logger, **kw: Any) -> None:
         await reconcile.reconcile_guarded_cronjob(body, context=context, cronjobs=kw["owned_cronjobs"],
                                                   jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
 

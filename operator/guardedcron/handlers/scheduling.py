@@ -30,6 +30,10 @@ from guardedcron.status.suspension import SuspensionDecision, decide_suspension
 from guardedcron.status.times import epoch_minute, format_time, parse_time
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+# How often a GuardedCronJob with catch-up or a backfill gets a pass of its own (kopf
+# timer), besides those its objects' events start: the longest a missed slot or a due
+# retry waits for a pass (docs/design.md, "Bounded waits").
+TIMER_SECONDS = 60.0
 
 _NOTE_REASONS: Mapping[str, EventReason] = {
     "BackfillStarted": EventReason.BACKFILL_STARTED,
@@ -46,6 +50,13 @@ class SlotsResult:
     status: SchedulingStatus
     events: list[RunEvent] = field(default_factory=list)
     started: str | None = None  # the run kind of the Job this pass started, if any
+
+
+def wants_timer(*, spec: Mapping[str, Any], annotations: Mapping[str, str], **_: Any) -> bool:
+    """kopf's `when` filter of the timer: catch-up on, or a backfill asked for."""
+    catch_up = spec.get("catchUp")
+    policy = catch_up.get("policy") if isinstance(catch_up, Mapping) else None
+    return policy in ("Latest", "All") or bool(annotations.get(contract.ANNOTATION_BACKFILL))
 
 
 def annotation(gcj: Body, key: str) -> str | None:
