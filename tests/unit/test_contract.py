@@ -294,6 +294,7 @@ OTHER_VOCABULARIES = {
     ("cli/operator.py", "error"): "a log level",
     ("observability/metrics.py", "skipped"): "a metric label value",
     ("status/history.py", "skipped"): "a status.runCounts key",
+    ("status/backfill.py", "skipped"): "a status.backfill key",
     ("status/history.py", "lost"): "a status.runCounts key",
     ("status/transitions.py", "skipped"): "an Event's wording",
     ("guard/history.py", "lost"): "a run-history row's outcome (written by the SQL)",

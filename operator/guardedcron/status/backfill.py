@@ -35,6 +35,9 @@ RUNNING: Final = "Running"
 COMPLETED: Final = "Completed"
 STOPPED: Final = "Stopped"
 INVALID: Final = "Invalid"
+# status.backfill's counters: slots whose backfill run held the lease, and the others.
+DONE: Final = "done"
+SKIPPED: Final = "skipped"
 _TOKEN_SEPARATOR: Final = ":"
 _RANGE_SEPARATOR: Final = "/"
 
@@ -143,7 +146,7 @@ def advance_backfill(parsed: ParsedSpec, *, annotation: str | None,
             return BackfillStep(status={"token": token, "state": INVALID, "message": message},
                                 notes=(("BackfillRefused", message),))
         state = {"token": token, "since": format_time(request.since), "until": format_time(request.until),
-                 "state": RUNNING, "done": 0, "skipped": 0}
+                 "state": RUNNING, DONE: 0, SKIPPED: 0}
         if slots:
             state["next"] = format_time(slots[0])
         notes = (("BackfillStarted", f"backfill {token!r}: {len(slots)} slots from "
@@ -165,11 +168,11 @@ def _progress(parsed: ParsedSpec, state: dict[str, Any], runs: Iterable[RunRecor
         if where is SlotState.RAN and any(
                 run.slot == slot and run.outcome in HELD_LEASE
                 and is_attempt_of_kind(run.job, contract.RUN_KIND_BACKFILL) for run in records):
-            state["done"] = _count(state, "done") + 1
+            state[DONE] = _count(state, DONE) + 1
         elif where in (SlotState.RAN, SlotState.SETTLED):
             # Run here before (by the schedule, a make-up or an earlier backfill), claimed
             # by a run in another cluster, or given up after MAX_ATTEMPTS attempts.
-            state["skipped"] = _count(state, "skipped") + 1
+            state[SKIPPED] = _count(state, SKIPPED) + 1
         else:
             break
         state.pop("running", None)
@@ -179,8 +182,8 @@ def _progress(parsed: ParsedSpec, state: dict[str, Any], runs: Iterable[RunRecor
         state["remaining"] = 0
         state["state"] = COMPLETED
         return BackfillStep(status=state, notes=(*notes, ("BackfillCompleted", (
-            f"backfill {state['token']!r} completed: {state.get('done', 0)} runs, "
-            f"{state.get('skipped', 0)} slots skipped (already run, here or in another cluster)"))))
+            f"backfill {state['token']!r} completed: {state.get(DONE, 0)} runs, "
+            f"{state.get(SKIPPED, 0)} slots skipped (already run, here or in another cluster)"))))
     state["next"] = format_time(remaining[0])
     state["remaining"] = len(remaining)
     slot = epoch_minute(remaining[0])
