@@ -256,7 +256,7 @@ def test_a_backfill_runs_its_slots_one_at_a_time_oldest_first_skipping_those_tha
     assert again.start is None and again.status == last.status and again.notes == ()
 
 
-def test_an_attempt_turned_away_by_a_held_lease_is_tried_again_later_at_most_three_times() -> None:
+def test_an_attempt_turned_away_by_a_held_lease_is_tried_again_later_at_most_six_times() -> None:
     """Two clusters backfilling (or catching up) the same slots at once: an attempt that
     found the lease held neither ran the slot nor claimed it, so it must be tried again,
     or the slot would run nowhere. Old code counted it as skipped and moved on."""
@@ -270,13 +270,19 @@ def test_an_attempt_turned_away_by_a_held_lease_is_tried_again_later_at_most_thr
     later = advance_backfill(spec, annotation=ANNOTATION, previous=status, runs=turned_away, busy=False,
                              suspended=False, now=NOW + timedelta(seconds=25))
     assert (later.start, later.attempt) == (at("10:00"), 2)
-    # A guard error (the database unreachable) is tried again too; after three attempts
-    # the slot is given up (counted as skipped).
+    # A guard error (the database unreachable) is tried again too, each time after twice
+    # the wait (30 s, 1, 2, 4, 8 min); after six attempts the slot is given up (skipped).
     tried = [*turned_away,
              ran(at("10:00"), Outcome.GUARD_ERROR, kind=backfill, attempt=2,
-                 finished=NOW - timedelta(minutes=5)),
-             ran(at("10:00"), Outcome.SKIPPED, kind=backfill, attempt=3, reason=LEASE_HELD,
-                 finished=NOW - timedelta(minutes=4))]
+                 finished=NOW - timedelta(seconds=5))]
+    waits = advance_backfill(spec, annotation=ANNOTATION, previous=status, runs=tried, busy=False,
+                             suspended=False, now=NOW + timedelta(seconds=50))
+    assert waits.start is None  # 60 s after the second attempt ended
+    later = advance_backfill(spec, annotation=ANNOTATION, previous=status, runs=tried, busy=False,
+                             suspended=False, now=NOW + timedelta(seconds=56))
+    assert (later.start, later.attempt) == (at("10:00"), 3)
+    tried += [ran(at("10:00"), Outcome.GUARD_ERROR, kind=backfill, attempt=n,
+                  finished=NOW - timedelta(hours=1)) for n in (3, 4, 5, 6)]
     given_up = step(spec, ANNOTATION, status, tried)
     assert given_up.start == at("10:10") and given_up.status["skipped"] == 1
 

@@ -9,9 +9,11 @@ GuardError), and the attempts of one slot are told apart.
 
 An attempt that found the lease held (by another run, here or in another cluster) or
 could not reach the database (GuardError) did not run the slot and did not claim it:
-the slot is tried again after RETRY_AFTER_SECONDS, up to MAX_ATTEMPTS attempts, so
-two clusters making up the same slots at once cannot both skip one. An attempt skipped
-because the slot was already claimed settles it: it ran somewhere.
+the slot is tried again, RETRY_AFTER_SECONDS after the first attempt ended and twice as
+long after each further one (30 s, 1, 2, 4, 8 min: about a quarter of an hour for a
+database outage to end), up to MAX_ATTEMPTS attempts, so two clusters making up the
+same slots at once cannot both skip one. An attempt skipped because the slot was
+already claimed settles it: it ran somewhere.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from typing import Final
 from guardedcron import contract
 from guardedcron.status.runs import HELD_LEASE, SLOT_CLAIMED_WORDS, Outcome, RunRecord
 
-MAX_ATTEMPTS: Final = 3
-RETRY_AFTER_SECONDS: Final = 30
+MAX_ATTEMPTS: Final = 6
+RETRY_AFTER_SECONDS: Final = 30  # after the first turned-away attempt; doubled after each
 
 
 class SlotState(StrEnum):
@@ -59,7 +61,8 @@ def slot_state(runs: Iterable[RunRecord], slot: int, *, now: datetime) -> SlotSt
     if len(turned_away) >= MAX_ATTEMPTS:
         return SlotState.SETTLED
     latest = max((run.finished_at for run in turned_away if run.finished_at is not None), default=None)
-    if latest is not None and now < latest + timedelta(seconds=RETRY_AFTER_SECONDS):
+    delay = RETRY_AFTER_SECONDS * 2 ** (len(turned_away) - 1)
+    if latest is not None and now < latest + timedelta(seconds=delay):
         return SlotState.WAITING
     return SlotState.OPEN
 
