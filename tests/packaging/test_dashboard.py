@@ -103,11 +103,8 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
     assert uids == {"${datasource}"}, "every panel reads the chosen Prometheus data source"
 
 
-def test_the_configmap_is_off_by_default() -> None:
-    assert not by_kind(render(), "ConfigMap")
-
-
-def test_the_configmap_carries_the_dashboard_with_the_sidecar_label() -> None:
+def test_the_optional_configmap_carries_the_dashboard_with_the_sidecar_label() -> None:
+    assert not by_kind(render(), "ConfigMap"), "off by default"
     config_map = one(render(ENABLED), "ConfigMap")
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert config_map["metadata"]["namespace"] == RELEASE_NAMESPACE

@@ -8,7 +8,8 @@ from typing import Any
 import promql_parser
 import pytest
 
-from tests.support.chart import REPO, one, render
+from tests.support import REPO
+from tests.support.chart import one, render
 from tests.support.prometheus import exported_series, selectors
 
 ALERTS = {

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.support.chart import CHART, helm, template
 
@@ -121,9 +120,3 @@ def test_every_schema_property_has_a_description() -> None:
                    if not str(child.get("description", "")).strip()]
     assert undescribed == [], f"values.schema.json properties without a description: {undescribed}"
 
-
-def test_every_value_is_in_the_schema() -> None:
-    """values.yaml and the schema list the same top-level keys (plus Helm's global)."""
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert set(schema["properties"]) - {"global"} == set(values)
