@@ -200,8 +200,42 @@ TENANCY_APPROACHES = (
         "tenant",
     ),
 )
+# Issue 13: schema 4 (count cut-off walked on every win) beside schema 5 (retention in
+# bounded batches), each with a short history and with the lock's history at its
+# 10,000-run cap, and the peers' patterns, on one server in one run.
+CAP = 10_000
+RETENTION_APPROACHES = (
+    Approach("schema 4: acquire_v2, short history", v2_acquire, v2_release, "release_v2", "schema4"),
+    Approach(
+        "schema 4: acquire_v2, history at its 10,000-run cap",
+        v2_acquire,
+        v2_release,
+        "release_v2",
+        "schema4",
+        history_rows=CAP,
+    ),
+    Approach("schema 5: acquire_v2, short history", v2_acquire, v2_release, "release_v2", "schema5"),
+    Approach(
+        "schema 5: acquire_v2, history at its 10,000-run cap",
+        v2_acquire,
+        v2_release,
+        "release_v2",
+        "schema5",
+        history_rows=CAP,
+    ),
+    Approach(
+        "insert-then-update (ShedLock JDBC pattern)",
+        shedlock_acquire,
+        shedlock_release,
+        "UPDATE lock_until",
+        "schema5",
+    ),
+    Approach("pg_try_advisory_lock", advisory_acquire, advisory_release, "pg_advisory_unlock", "schema5"),
+    Approach("pg_try_advisory_xact_lock", xact_acquire, xact_release, "COMMIT", "schema5"),
+)
+PEER = "insert-then-update (ShedLock JDBC pattern)"
 # client_loop finds an approach by its index here (the contending processes are spawned).
-REGISTRY = APPROACHES + TENANCY_APPROACHES
+REGISTRY = APPROACHES + TENANCY_APPROACHES + RETENTION_APPROACHES
 
 
 def prepare(dsn: str) -> None:
@@ -258,15 +292,26 @@ def contend(dsn: str, approach_index: int, clients: int, seconds: float, hold: f
 
 
 def reset_lock(dsn: str, approach: Approach) -> None:
-    """The same starting point for every measurement: lock rows gone, history as the approach says."""
+    """The same starting point for every measurement: lock rows gone, history as the approach says.
+
+    The history is one winning run a minute, oldest first; from schema 5 numbered as its
+    generations, and the lease row (made again by the first acquisition) counts on from them.
+    """
     with connect(dsn) as conn:
         conn.execute("DELETE FROM bench_shedlock")
         conn.execute("DELETE FROM guardedcron.runs WHERE lock_name = %s", (LOCK,))
+        conn.execute("DELETE FROM guardedcron.leases WHERE lock_name = %s", (LOCK,))
+        numbered = conn.execute(
+            "SELECT 1 FROM information_schema.columns"
+            " WHERE table_schema = 'guardedcron' AND table_name = 'runs' AND column_name = 'generation'"
+        ).fetchone()
+        columns, values = ("", "") if numbered is None else (", generation", ", %(rows)s + 1 - g")
         conn.execute(
-            "INSERT INTO guardedcron.runs (lock_name, holder, fence, started_at, finished_at, outcome)"
-            " SELECT %s, 'old', -g, now() - make_interval(mins => g), now() - make_interval(mins => g),"
-            " 'succeeded' FROM generate_series(1, %s) g",
-            (LOCK, approach.history_rows),
+            "INSERT INTO guardedcron.runs (lock_name, holder, fence, started_at, finished_at, outcome"
+            f"{columns}) SELECT %(lock)s, 'old', -g, now() - make_interval(mins => g),"
+            f" now() - make_interval(mins => g), 'succeeded'{values}"
+            " FROM generate_series(%(rows)s, 1, -1) g",
+            {"lock": LOCK, "rows": approach.history_rows},
         )
         conn.execute("VACUUM ANALYZE guardedcron.runs")
 
@@ -292,6 +337,7 @@ class Cost:
     completed: float
     server_ms: float
     wal_bytes: float
+    acquire_ms: float  # guardedcron's acquire statement alone (0 for the other approaches)
 
 
 def cost_per_acquisition(
@@ -324,11 +370,13 @@ def cost_per_acquisition(
     client = [v for q, v in counts.items() if "pg_current_wal_lsn" not in q and "CHECKPOINT" not in q]
     completed = sum(calls for calls, _ in client)
     server_ms = sum(total for _, total in client)
+    acquire_ms = sum(total for query, (_, total) in counts.items() if "guardedcron.acquire_v" in query)
     return Cost(
         conn.statements / acquisitions,
         completed / acquisitions,
         server_ms / acquisitions,
         (after - before) / acquisitions,
+        acquire_ms / acquisitions,
     )
 
 
@@ -424,30 +472,37 @@ def run(
 
 
 # --- issue 11: schema 3 beside schema 4, one run ------------------------------------------
+def schema_database(server: ThrowawayPostgres, name: str, version: int) -> str:
+    """A new database at schema `version`, from this tree's migration files, ready for every approach."""
+    from guardedcron.guard.migrations import load_migrations
+
+    dsn = server.create_database(name)
+    with connect(dsn) as conn, conn.transaction():
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("CREATE SCHEMA guardedcron")
+        conn.execute(
+            "CREATE TABLE guardedcron.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+        for migration in load_migrations():
+            if migration.version <= version:
+                conn.execute(migration.sql.encode())
+                conn.execute(
+                    "INSERT INTO guardedcron.schema_migrations (version, name) VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+    prepare(dsn)
+    return dsn
+
+
 def tenancy_databases(server: ThrowawayPostgres) -> dict[str, tuple[str, str, str]]:
     """approach.schema -> (client DSN, superuser DSN, database name)."""
     from guardedcron.guard.grants import grant
-    from guardedcron.guard.migrations import load_migrations
 
     found: dict[str, tuple[str, str, str]] = {}
     for key, version in (("schema3", 3), ("schema4", 4)):
         name = f"tenancy_{key}"
-        dsn = server.create_database(name)
-        with connect(dsn) as conn, conn.transaction():
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            conn.execute("CREATE SCHEMA guardedcron")
-            conn.execute(
-                "CREATE TABLE guardedcron.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            )
-            for migration in load_migrations():
-                if migration.version <= version:
-                    conn.execute(migration.sql.encode())
-                    conn.execute(
-                        "INSERT INTO guardedcron.schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
-                    )
-        prepare(dsn)
+        dsn = schema_database(server, name, version)
         found[key] = (dsn, dsn, name)
     schema4, _, name = found["schema4"]
     password = "bench-tenant-password"
@@ -589,19 +644,127 @@ def call_loop(call: str, count: int) -> bytes:
     return f"DO $$ BEGIN FOR i IN 1..{count} LOOP PERFORM {call}; END LOOP; END $$".encode()
 
 
+# --- issue 13: schema 4 beside schema 5, short history and at the cap, and the peers ------
+def run_retention(
+    server: ThrowawayPostgres, *, seconds: float = 3.0, clients: int = 16, rounds: int = 2, costed: int = 1000
+) -> list[Table]:
+    """As run_tenancy: rounds in rotated order, medians and ranges; the superuser everywhere."""
+    databases = {
+        key: schema_database(server, f"retention_{key}", int(key[-1])) for key in ("schema4", "schema5")
+    }
+    first = len(APPROACHES) + len(TENANCY_APPROACHES)
+    count = len(RETENTION_APPROACHES)
+    solo: dict[int, list[Sample]] = {i: [] for i in range(count)}
+    costs: dict[int, list[Cost]] = {i: [] for i in range(count)}
+    churn: dict[int, list[tuple[float, float, list[float]]]] = {i: [] for i in range(count)}
+    for round_number in range(rounds):
+        order = list(range(count))
+        order = order[round_number % count :] + order[: round_number % count]
+        for offset in order:
+            approach = RETENTION_APPROACHES[offset]
+            dsn = databases[approach.schema]
+            name = f"retention_{approach.schema}"
+            reset_lock(dsn, approach)
+            solo[offset].append(client_loop(dsn, first + offset, "solo", seconds, 0.0, time.time()))
+            costs[offset].append(cost_per_acquisition(dsn, name, approach, costed))
+            reset_lock(dsn, approach)
+            samples = contend(dsn, first + offset, clients, seconds, 0.0)
+            span = max(s.seconds for s in samples)
+            churn[offset].append(
+                (
+                    sum(s.calls for s in samples) / span,
+                    sum(s.wins for s in samples) / span,
+                    [x for s in samples for x in s.latencies],
+                )
+            )
+
+    def spread(values: list[float], digits: int) -> str:
+        return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+    peer = next(i for i, a in enumerate(RETENTION_APPROACHES) if a.name == PEER)
+    peer_rate = median([sample.wins / sample.seconds for sample in solo[peer]])
+    peer_churn = median([wins for _, wins, _ in churn[peer]])
+    single = Table(
+        f"Issue 13: acquire and release, one client ({rounds} rounds of {seconds:g} s)",
+        [
+            "approach",
+            "acquisitions/s",
+            f"ratio to {PEER.split(' (')[0]}",
+            "acquire p50 ms",
+            "acquire p99 ms",
+            "server ms per acquisition: acquire (+ release)",
+            "WAL bytes per acquisition",
+        ],
+    )
+    contended = Table(
+        f"Issue 13: {clients} client processes on one lock, churn ({rounds} rounds of {seconds:g} s)",
+        ["approach", "answers/s", "acquisitions/s", f"ratio to {PEER.split(' (')[0]}", "p50 ms", "p99 ms"],
+    )
+    for offset, approach in enumerate(RETENTION_APPROACHES):
+        rates = [sample.wins / sample.seconds for sample in solo[offset]]
+        latencies = [x for sample in solo[offset] for x in sample.latencies]
+        guarded = approach.name.startswith("schema")
+        acquire_part = spread([c.acquire_ms for c in costs[offset]], 3) if guarded else "-"
+        single.add(
+            approach.name,
+            spread(rates, 0),
+            f"{median(rates) / peer_rate:.2f}",
+            ms(percentile(latencies, 0.5)),
+            ms(percentile(latencies, 0.99)),
+            f"{acquire_part} ({spread([c.server_ms for c in costs[offset]], 3)})",
+            spread([c.wal_bytes for c in costs[offset]], 0),
+        )
+        pooled = [x for _, _, lat in churn[offset] for x in lat]
+        wins = [w for _, w, _ in churn[offset]]
+        contended.add(
+            approach.name,
+            spread([answers for answers, _, _ in churn[offset]], 0),
+            spread(wins, 0),
+            f"{median(wins) / peer_churn:.2f}",
+            ms(percentile(pooled, 0.5)),
+            ms(percentile(pooled, 0.99)),
+        )
+    single.notes.append(
+        "Both databases are migrated from this tree's migration files (0001-0004 for schema 4, all for"
+        " schema 5) on one durable server; the peers' patterns run on the schema-5 database. Every approach"
+        " takes the lock and lets it go, two holders in turn (every acquisition is a takeover,"
+        f" {LEASE:g} s leases for ours). At the cap, the lock's history holds {CAP:,} winning runs before"
+        " the measurement, so every win pushes one out. Median of the rounds, (min-max); latency"
+        " percentiles pool every round's calls. Server ms: pg_stat_statements' execution time per"
+        f" acquisition over {costed:,} acquisitions after a CHECKPOINT, the acquire statement alone, and in"
+        " brackets every statement of the approach (release included, the commit's WAL flush not)."
+    )
+    contended.notes.append(
+        "churn: every winner lets go at once, so every call can win; ratio: acquisitions/s to the pattern's."
+    )
+    return [single, contended]
+
+
 def main() -> int:
     import argparse
 
     from bench.common import durable_server, machine_line
 
-    parser = argparse.ArgumentParser(description="Issue 11: lease acquisition on schema 3 and schema 4")
-    parser.add_argument("--seconds", type=float, default=4.0)
+    parser = argparse.ArgumentParser(
+        description="Lease acquisition: schema 3 beside 4 (issue 11, 'tenancy'), or schema 4 beside 5"
+        " and the peers' patterns (issue 13, 'retention')"
+    )
+    parser.add_argument("--section", choices=("tenancy", "retention"), default="tenancy")
+    parser.add_argument("--seconds", type=float, help="per measurement (4 tenancy, 3 retention)")
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, help="3 tenancy, 2 retention")
     args = parser.parse_args()
     with durable_server() as server:
         print(machine_line(server) + "\n")
-        for table in run_tenancy(server, seconds=args.seconds, clients=args.clients, rounds=args.rounds):
+        if args.section == "tenancy":
+            tables = run_tenancy(
+                server, seconds=args.seconds or 4.0, clients=args.clients, rounds=args.rounds or 3
+            )
+        else:
+            tables = run_retention(
+                server, seconds=args.seconds or 3.0, clients=args.clients, rounds=args.rounds or 2
+            )
+        for table in tables:
             print(table.markdown())
     return 0
 

@@ -192,8 +192,6 @@ def test_a_tenant_can_write_no_table_and_cannot_forge_a_fence(tenants: tuple[Clu
         "SELECT setval('guardedcron.fences', 1)",
         "SELECT nextval('guardedcron.fences')",
         "ALTER SEQUENCE guardedcron.fences RESTART WITH 1",
-        "SELECT guardedcron._next_fence('team-b/job', 0)",
-        "SELECT * FROM guardedcron._acquire_v2('team-b/job', 'a', 30, 0, NULL, 90, 10000)",
         "SELECT * FROM guardedcron._renew_v2('team-b/job', 'b-pod', 1, 30)",
         "SELECT * FROM guardedcron._release_v2('team-b/job', 'b-pod', 1, 'finished', '')",
         "SELECT guardedcron._record_skip('team-b/job', 'a', NULL, 'x', now())",

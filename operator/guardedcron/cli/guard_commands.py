@@ -95,7 +95,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         )
         parser.add_argument("--out", type=folder, help="folder for the fence and lease.json files")
         parser.add_argument("--retain-days", default="90", help="run history kept, days")
-        parser.add_argument("--retain-runs", default="10000", help="run history kept, rows per lock")
+        parser.add_argument("--retain-runs", default="10000", help="run history kept, winning runs per lock")
         parser.set_defaults(run=run_acquire)
     elif name == "renew":
         parser.add_argument("--fence", required=True, help="the fencing token you hold")

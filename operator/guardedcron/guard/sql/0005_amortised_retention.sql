@@ -18,6 +18,14 @@
 --   generation that collected more than 15 skipped attempts) drains by that much per win,
 --   on the wins that follow, instead of in one long call.
 -- * Losing attempts delete nothing, as before: they never wait on, or lock, anything.
+--
+-- And the search path is pinned once per call instead of five times. Each function with
+-- its own `SET search_path` makes PostgreSQL 15 switch the path on entry and back on exit
+-- (and look the schemas up again); an acquisition went through five (acquire_v2,
+-- _require_grant, _acquire_v2, _check_lease_seconds, _next_fence). Now:
+-- * acquire_v2 holds the body itself (_acquire_v2 and _next_fence, used by it alone, go);
+-- * the helpers lose their own pin: they are the owner's alone (nobody else may call
+--   them) and run only inside the entry points, whose pinned path they inherit.
 
 ALTER TABLE guardedcron.leases ADD COLUMN generation bigint NOT NULL DEFAULT 0;
 COMMENT ON COLUMN guardedcron.leases.generation IS
@@ -42,9 +50,9 @@ UPDATE guardedcron.leases l SET generation = newest.generation
 CREATE INDEX runs_lock_generation ON guardedcron.runs (lock_name, generation)
     WHERE generation IS NOT NULL;
 
--- As version 3's body (grant checked by the acquire_v2 wrapper of version 4), with the
--- win numbered and retention bounded.
-CREATE OR REPLACE FUNCTION guardedcron._acquire_v2(
+-- Version 4's wrapper and version 3's body in one function, with the win numbered and
+-- retention bounded. (CREATE OR REPLACE keeps its owner and its grants.)
+CREATE OR REPLACE FUNCTION guardedcron.acquire_v2(
     p_lock text,
     p_holder text,
     p_lease_seconds double precision,
@@ -56,7 +64,7 @@ CREATE OR REPLACE FUNCTION guardedcron._acquire_v2(
     acquired boolean, reason text, holder text, fence bigint,
     locked_until timestamptz, run_id bigint, db_now timestamptz
 )
-LANGUAGE plpgsql SET search_path = pg_catalog, guardedcron, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, guardedcron, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     -- Rows of runs, and of slot_claims, one winning call deletes at most
@@ -71,8 +79,10 @@ DECLARE
     new_run bigint;
     skip_run bigint;
     keep_from bigint;
-    pruned integer;
+    doomed bigint[];
+    old_claims tid[];
 BEGIN
+    PERFORM guardedcron._require_grant(p_lock);
     PERFORM guardedcron._check_lease_seconds('the lease', p_lease_seconds);
     IF p_min_hold_seconds IS NULL OR p_min_hold_seconds < 0 OR p_min_hold_seconds > p_lease_seconds THEN
         RAISE EXCEPTION 'guardedcron: the minimum hold must be between 0 and the lease (% s), got %',
@@ -141,7 +151,20 @@ BEGIN
         RETURN;
     END IF;
 
-    new_fence := guardedcron._next_fence(p_lock, cur.fence);
+    -- The next fence: from the sequence, and above the row's even if the sequence was set
+    -- back by hand; GC002 when the bigint range is used up, instead of an overflow or a wrap.
+    BEGIN
+        new_fence := nextval('guardedcron.fences');
+        IF new_fence <= cur.fence THEN
+            new_fence := cur.fence + 1;
+            PERFORM setval('guardedcron.fences', new_fence, true);
+        END IF;
+    EXCEPTION WHEN sequence_generator_limit_exceeded OR numeric_value_out_of_range THEN
+        RAISE EXCEPTION 'guardedcron: no fencing token is left for lock "%": fences reached the bigint maximum',
+                        p_lock
+            USING ERRCODE = 'GC002',
+                  HINT = 'Fences never wrap; an administrator must move the jobs to a new lock name.';
+    END;
     new_generation := cur.generation + 1;
     -- A run still marked running whose lease ran out was abandoned by its holder.
     UPDATE guardedcron.runs r
@@ -169,29 +192,56 @@ BEGIN
     -- Retention, paid by the winner, a bounded batch a call. Past the cap: every run that
     -- started before the oldest winning run of the last p_retain_runs generations (found
     -- from above the bound, so the walk does not grow with the history; the run just
-    -- inserted qualifies, so there always is one).
+    -- inserted qualifies, so there always is one). Rows are picked first and deleted only
+    -- when there are any: most wins delete one generation's rows, many none.
     SELECT r.id INTO keep_from FROM guardedcron.runs r
      WHERE r.lock_name = p_lock AND r.generation > new_generation - p_retain_runs
      ORDER BY r.generation LIMIT 1;
-    DELETE FROM guardedcron.runs r
-     WHERE r.id = ANY (ARRAY(
-        SELECT r2.id FROM guardedcron.runs r2
-         WHERE r2.lock_name = p_lock AND r2.id < keep_from
-         ORDER BY r2.id LIMIT retention_batch));
-    GET DIAGNOSTICS pruned = ROW_COUNT;
-    IF pruned < retention_batch THEN
-        DELETE FROM guardedcron.runs r
-         WHERE r.id = ANY (ARRAY(
-            SELECT r2.id FROM guardedcron.runs r2
-             WHERE r2.lock_name = p_lock AND r2.started_at < t - make_interval(days => p_retain_days)
-             ORDER BY r2.started_at, r2.id LIMIT retention_batch - pruned));
+    doomed := ARRAY(SELECT r.id FROM guardedcron.runs r
+                     WHERE r.lock_name = p_lock AND r.id < keep_from
+                     ORDER BY r.id LIMIT retention_batch);
+    IF cardinality(doomed) < retention_batch THEN
+        doomed := doomed || ARRAY(
+            SELECT r.id FROM guardedcron.runs r
+             WHERE r.lock_name = p_lock AND r.started_at < t - make_interval(days => p_retain_days)
+               AND r.id >= keep_from
+             ORDER BY r.started_at, r.id LIMIT retention_batch - cardinality(doomed));
     END IF;
-    DELETE FROM guardedcron.slot_claims c
-     WHERE c.ctid = ANY (ARRAY(
-        SELECT c2.ctid FROM guardedcron.slot_claims c2
-         WHERE c2.lock_name = p_lock AND c2.claimed_at < t - make_interval(days => p_retain_days)
-         ORDER BY c2.claimed_at LIMIT retention_batch));
+    IF cardinality(doomed) > 0 THEN
+        DELETE FROM guardedcron.runs r WHERE r.id = ANY (doomed);
+    END IF;
+    old_claims := ARRAY(SELECT c.ctid FROM guardedcron.slot_claims c
+                         WHERE c.lock_name = p_lock AND c.claimed_at < t - make_interval(days => p_retain_days)
+                         ORDER BY c.claimed_at LIMIT retention_batch);
+    IF cardinality(old_claims) > 0 THEN
+        DELETE FROM guardedcron.slot_claims c WHERE c.ctid = ANY (old_claims);
+    END IF;
 
     RETURN QUERY SELECT true, 'acquired'::text, p_holder, new_fence, t + lease, new_run, t;
 END
 $$;
+
+-- A losing attempt's history row. In PL/pgSQL rather than SQL: PostgreSQL 15 plans an SQL
+-- function it cannot inline again on every call (this one runs on every loss).
+CREATE OR REPLACE FUNCTION guardedcron._record_skip(
+    p_lock text, p_holder text, p_slot bigint, p_reason text, p_at timestamptz
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    skip_run bigint;
+BEGIN
+    INSERT INTO guardedcron.runs (lock_name, slot, holder, started_at, finished_at, outcome, reason)
+    VALUES (p_lock, p_slot, p_holder, p_at, p_at, 'skipped', p_reason)
+    RETURNING id INTO skip_run;
+    RETURN skip_run;
+END
+$$;
+
+DROP FUNCTION guardedcron._acquire_v2(text, text, double precision, double precision, bigint, integer, integer);
+DROP FUNCTION guardedcron._next_fence(text, bigint);
+
+-- Helpers run with the path of the entry point that calls them (see the top).
+ALTER FUNCTION guardedcron._require_grant(text) RESET search_path;
+ALTER FUNCTION guardedcron._check_lease_seconds(text, double precision) RESET search_path;
+ALTER FUNCTION guardedcron._renew_v2(text, text, bigint, double precision) RESET search_path;
+ALTER FUNCTION guardedcron._release_v2(text, text, bigint, text, text) RESET search_path;
