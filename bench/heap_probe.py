@@ -6,7 +6,8 @@ operator's own process tells what holds its memory. Each SIGUSR2 writes, into DI
   FRAMES frames, to compare by traceback (`bench/heap_report.py`);
 - `<n>.census.json`: gc-tracked objects by type (count and shallow bytes: strings and
   bytes are not tracked, the containers holding them are), the bytes tracemalloc
-  traces, and the process's RSS just before the dump.
+  traces, and the process's RSS just before the dump;
+- `<n>.pymalloc.txt`: `sys._debugmallocstats()`, pymalloc's arenas and free pools.
 
 Usage: python bench/heap_probe.py DIR FRAMES operator --standalone
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import signal
 import sys
 import tracemalloc
@@ -30,8 +32,23 @@ def rss_kib() -> int:
     return 0
 
 
+def pymalloc_stats(path: Path) -> None:
+    """Python's allocator's own account (arenas in use, free pools), written to stderr by
+    the interpreter: fd 2 goes to `path` meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("w") as out:
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def dump(directory: Path, number: int) -> None:
     rss = rss_kib()
+    pymalloc_stats(directory / f"{number}.pymalloc.txt")
     if tracemalloc.is_tracing():
         tracemalloc.take_snapshot().dump(str(directory / f"{number}.snap"))
     counts: Counter[str] = Counter()

@@ -56,6 +56,9 @@ GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
 RESUMED = "Resuming is processed"
 HEAP_FRAMES = int(os.environ.get("BENCH_HEAP_FRAMES", "12"))  # per trace; 0: census alone
 SETTLE_SECONDS = 3.0  # after the last object: late writes would show in the counts
+# kopf's per-object workers end 5 s after their last event (settings.batching.idle_timeout),
+# each with the body it held: RSS this long after the settle is the steady figure.
+STEADY_SECONDS = 20.0
 
 
 def gcj(index: int, namespaces: int) -> dict[str, Any]:
@@ -168,6 +171,8 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         passes_first = await op.passes()
         create = split(await target.tally() - before, objects)
         rss, peak = op.rss()
+        await asyncio.sleep(STEADY_SECONDS)
+        steady, _ = op.rss()
         await op.dump_heap()
 
     # --- restart over up-to-date objects: an idle resync
@@ -181,6 +186,8 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         passes_restart = await op.passes()
         idle = split(await target.tally() - before, objects)
         idle_rss, idle_peak = op.rss()
+        await asyncio.sleep(STEADY_SECONDS)
+        idle_steady, _ = op.rss()
         await op.dump_heap()
 
     return {
@@ -194,6 +201,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         "create": create,
         "rss_mib_at_all_objects": round(rss, 1),
         "rss_peak_mib": round(peak, 1),
+        f"rss_mib_steady_{STEADY_SECONDS:.0f}s_later": round(steady, 1),
         "restart_to_all_resumed_s": round(resumed_s, 1),
         "operator_cpu_s_restart": round(cpu_restart, 1),
         "operator_cpu_ms_per_object_restart": round(cpu_restart * 1000 / objects, 1),
@@ -201,6 +209,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         "idle_restart": idle,
         "rss_mib_after_restart": round(idle_rss, 1),
         "rss_peak_mib_after_restart": round(idle_peak, 1),
+        f"rss_mib_steady_{STEADY_SECONDS:.0f}s_after_restart": round(idle_steady, 1),
         "load_average_1m_at_end": os.getloadavg()[0],
         "logs": str(workdir),
     }

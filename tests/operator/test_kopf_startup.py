@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 
 import pytest
 from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.clients import watching
 from kopf._core.reactor import orchestration, running
 
+from guardedcron import contract
 from guardedcron.handlers import kopf_startup
 
 WAIT_BOUND_SECONDS = 10.0
@@ -49,6 +52,7 @@ async def start_up_like_kopf(toggles: aiotoggles.ToggleSet, objects: int) -> int
 
 async def test_kopf_builds_counting_sets_once_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aiotoggles, "ToggleSet", aiotoggles.ToggleSet)  # restored afterwards
+    monkeypatch.setattr(watching, "continuous_watch", watching.continuous_watch)
     kopf_startup.install()
     # kopf's orchestration (operator_indexed) and runner (operator_paused) build their
     # sets through the module attribute, at the operator's start.
@@ -112,3 +116,45 @@ async def test_waiters_wake_when_the_set_turns() -> None:
     off = asyncio.create_task(toggles.wait_for(False))
     await toggles.make_toggle(False)
     await asyncio.wait_for(off, WAIT_BOUND_SECONDS)
+
+
+OWN_APPLY = {"manager": contract.FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {}}}
+OTHERS = [{"manager": "kubectl-create", "operation": "Update", "fieldsV1": {"f:spec": {}}},
+          {"manager": contract.FIELD_MANAGER, "operation": "Update", "subresource": "status",
+           "fieldsV1": {"f:status": {}}},
+          {"manager": "kopf", "operation": "Update", "fieldsV1": {"f:metadata": {}}}]
+
+
+def test_a_watched_object_keeps_only_the_operators_own_apply_entry() -> None:
+    event: dict[str, Any] = {"type": "MODIFIED",
+                             "object": {"metadata": {"name": "n", "managedFields": [*OTHERS, OWN_APPLY]}}}
+    kopf_startup.slim_event(event)
+    assert event["object"]["metadata"] == {"name": "n", "managedFields": [OWN_APPLY]}
+
+    event = {"type": None, "object": {"metadata": {"name": "n", "managedFields": OTHERS}}}
+    kopf_startup.slim_event(event)
+    assert event["object"]["metadata"] == {"name": "n"}
+
+    gone: dict[str, Any] = {"type": "ERROR", "object": {"code": 410}}  # not an object: left as it is
+    kopf_startup.slim_event(gone)
+    assert gone == {"type": "ERROR", "object": {"code": 410}}
+
+
+async def test_installed_watches_slim_every_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """install() wraps kopf's stream of one resource (the listing, then the watches):
+    what kopf's workers receive is slimmed, whatever the stream yields between objects."""
+    async def stream(**_: object) -> AsyncIterator[object]:
+        yield {"type": None, "object": {"metadata": {"name": "a", "managedFields": [*OTHERS, OWN_APPLY]}}}
+        yield watching.Bookmark.LISTED
+        yield {"type": "ADDED", "object": {"metadata": {"name": "b", "managedFields": OTHERS}}}
+
+    monkeypatch.setattr(aiotoggles, "ToggleSet", aiotoggles.ToggleSet)
+    monkeypatch.setattr(watching, "continuous_watch", stream)
+    kopf_startup.install()
+    kopf_startup.install()  # idempotent: wrapped once
+    assert watching.continuous_watch is not stream
+    slimmed_stream: Callable[..., AsyncIterator[object]] = watching.continuous_watch
+    seen = [event async for event in slimmed_stream()]
+    assert seen == [{"type": None, "object": {"metadata": {"name": "a", "managedFields": [OWN_APPLY]}}},
+                    watching.Bookmark.LISTED,
+                    {"type": "ADDED", "object": {"metadata": {"name": "b"}}}]

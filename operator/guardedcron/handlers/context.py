@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from guardedcron.handlers.observe import Packed
 from guardedcron.kube import KubeClient
 from guardedcron.kube.client import CONNECTIONS
 from guardedcron.observability.metrics import Metrics, create_metrics
@@ -43,7 +44,8 @@ class PassMemory:
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
-        self._written: dict[str, Mapping[str, Any]] = {}
+        # Packed: a parsed status costs a few KiB per object for as long as the process runs.
+        self._written: dict[str, Packed] = {}
         self._done: dict[str, set[str]] = {}
         self._started: dict[str, float] = {}
 
@@ -59,10 +61,11 @@ class PassMemory:
         return self._started.get(uid)
 
     def written_status(self, uid: str) -> Mapping[str, Any] | None:
-        return self._written.get(uid)
+        written = self._written.get(uid)
+        return written.unpack() if written is not None else None
 
     def remember_status(self, uid: str, status: Mapping[str, Any]) -> None:
-        self._written[uid] = status
+        self._written[uid] = Packed.of(status)
 
     def first_time(self, uid: str, action: str) -> bool:
         """True once per (uid, action) in this process: an action a pass must not repeat

@@ -16,13 +16,24 @@ dropped while others remain off has nothing to wake up for. A toggle turned on o
 off still wakes everyone waiting on the shared condition, as kopf's does (waiters
 on that single toggle need it; it is rare). `install()` makes kopf build its sets
 from this class; kopf creates them when the operator starts.
+
+The same wait is the operator's memory peak: until every index is filled, every listed
+object's worker holds its whole body (N GuardedCronJobs and N CronJobs at once on a
+restart). Most of a real object's body is `metadata.managedFields`, which neither kopf
+nor a pass reads except the operator's own apply entry, so `install()` also makes kopf's
+watch streams drop the other entries from each object as it arrives, before any worker
+keeps it (`slim_event`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 
 from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.clients import watching
+
+from guardedcron.handlers.observe import own_apply_entries
 
 
 class CountedToggle(aiotoggles.Toggle):
@@ -86,7 +97,39 @@ class CountingToggleSet(aiotoggles.ToggleSet):
                 self._condition.notify_all()
 
 
+def slim_event(event: Any) -> None:
+    """Drop, in place, the managedFields entries no one reads from a watch event's object."""
+    body = event.get("object") if isinstance(event, dict) else None
+    metadata = body.get("metadata") if isinstance(body, dict) else None
+    if not isinstance(metadata, dict) or "managedFields" not in metadata:
+        return
+    own = own_apply_entries(metadata["managedFields"])
+    if own:
+        metadata["managedFields"] = own
+    else:
+        del metadata["managedFields"]
+
+
+_ContinuousWatch = Callable[..., AsyncIterator[Any]]
+
+
+def slimmed(continuous_watch: _ContinuousWatch) -> _ContinuousWatch:
+    """kopf's stream of one resource's listing and watch events, each object slimmed."""
+    if getattr(continuous_watch, "_guardedcron_slimmed", False):
+        return continuous_watch
+
+    async def slimmed_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        async for event in continuous_watch(**kwargs):
+            slim_event(event)
+            yield event
+
+    slimmed_watch._guardedcron_slimmed = True  # type: ignore[attr-defined]
+    return slimmed_watch
+
+
 def install() -> None:
     """Make kopf build its toggle sets (index pre-population, pausing) from
-    CountingToggleSet. Idempotent; call before `kopf.operator()`."""
+    CountingToggleSet, and slim every object its watches deliver. Idempotent; call
+    before `kopf.operator()`."""
     aiotoggles.ToggleSet = CountingToggleSet  # type: ignore[misc]
+    watching.continuous_watch = slimmed(watching.continuous_watch)

@@ -4,15 +4,17 @@ The indexes hold every GuardedCronJob and every CronJob, Job and Pod labelled as
 guardedcron's, so a pass (and a restart over up-to-date objects) reads nothing from
 the API server. They keep a trimmed copy of each object (no `managedFields` except
 the operator's own apply entry, which the apply check needs; no pod specs; not
-kopf's bookkeeping annotations), packed as JSON text: parsed dicts of a CronJob with
-its pod template take about ten times the memory, and a pass parses only the few
-objects it reads.
+kopf's bookkeeping annotations), packed as zlib-compressed JSON: parsed dicts of a
+CronJob with its pod template take about ten times the memory of its JSON, its JSON
+about three times its compressed form (a real API server's CronJob: 6.0 KB of JSON,
+about 2 KB packed), and a pass unpacks only the few objects it reads.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,18 +29,19 @@ Body = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """An indexed object as compact JSON, and when kopf indexed this version of it
-    (`time.monotonic()`): a pass that started later has seen it."""
+    """An indexed object as compressed compact JSON, and when kopf indexed this version
+    of it (`time.monotonic()`): a pass that started later has seen it."""
 
-    text: bytes
+    packed: bytes
     indexed_at: float
 
     @classmethod
     def of(cls, body: Body) -> Packed:
-        return cls(json.dumps(body, separators=(",", ":")).encode(), time.monotonic())
+        text = json.dumps(body, separators=(",", ":")).encode()
+        return cls(zlib.compress(text), time.monotonic())
 
     def unpack(self) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(self.text)
+        result: dict[str, Any] = json.loads(zlib.decompress(self.packed))
         return result
 
 
@@ -65,8 +68,7 @@ def trimmed(body: Mapping[str, Any], *, keep_spec: bool = True,
         metadata["annotations"] = annotations
     else:
         metadata.pop("annotations", None)
-    managed = [entry for entry in metadata.pop("managedFields", None) or ()
-               if entry.get("manager") == contract.FIELD_MANAGER and entry.get("operation") == "Apply"]
+    managed = own_apply_entries(metadata.pop("managedFields", None))
     if managed:
         metadata["managedFields"] = managed
     result: dict[str, Any] = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
@@ -78,6 +80,15 @@ def trimmed(body: Mapping[str, Any], *, keep_spec: bool = True,
     if "status" in body:
         result["status"] = body["status"]
     return result
+
+
+def own_apply_entries(managed_fields: Any) -> list[Any]:
+    """The entries of `metadata.managedFields` that a pass reads: the operator's own apply
+    (what it owns, for the apply check). The others (the API server's, kubectl's, the
+    CronJob controller's status updates) are the larger part of a real object's body."""
+    return [entry for entry in managed_fields or ()
+            if isinstance(entry, Mapping) and entry.get("manager") == contract.FIELD_MANAGER
+            and entry.get("operation") == "Apply"]
 
 
 def owner_key(body: Mapping[str, Any]) -> Key | None:
