@@ -13,14 +13,21 @@ kubectl merges them), else `~/.kube/config`; with none of those files, the pod's
 account. A login that cannot be had is one line naming the reason, never a traceback
 and never a credential: the loader reports a failed exec plugin only through logging
 and carries on without credentials, so its records are caught and turned into that line.
+
+Bound: the loader waits for an exec plugin without limit (a cloud login may wait for a
+person or a network). Here the whole login gets $GUARDEDCRON_LOGIN_TIMEOUT_SECONDS
+(default 120 s), then the command ends with exit 69; the plugin's process, which the
+loader does not let us reach, is left to end by itself.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,9 +35,11 @@ from typing import Any
 import kopf
 import yaml
 
-from guardedcron.contract import EXIT_FAILURE, EXIT_USAGE
+from guardedcron.contract import EXIT_FAILURE, EXIT_UNAVAILABLE, EXIT_USAGE
 
 ENV_KUBECONFIG = "KUBECONFIG"
+ENV_LOGIN_TIMEOUT = "GUARDEDCRON_LOGIN_TIMEOUT_SECONDS"
+DEFAULT_LOGIN_TIMEOUT_S = 120.0
 DEFAULT_KUBECONFIG = "~/.kube/config"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_NAMESPACE = "default"
@@ -69,7 +78,47 @@ def connection_info(kubeconfig: str | None = None, context: str | None = None,
     if not _existing(paths):
         raise KubeconfigError(f"no kubeconfig at {paths} (set --kubeconfig or ${ENV_KUBECONFIG}) "
                               "and not in a pod with a service account")
-    return _from_kubeconfig(paths, context)
+    return _bounded(lambda: _from_kubeconfig(paths, context), login_timeout(env))
+
+
+def login_timeout(env: Mapping[str, str]) -> float:
+    """Seconds a login may take ($GUARDEDCRON_LOGIN_TIMEOUT_SECONDS, default 120)."""
+    text = env.get(ENV_LOGIN_TIMEOUT, "")
+    if not text:
+        return DEFAULT_LOGIN_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (0 < seconds <= 86_400):  # NaN fails this too
+        raise KubeconfigError(f"${ENV_LOGIN_TIMEOUT} must be a number of seconds from 0 to 86400, "
+                              f"not {text[:40]!r}")
+    return seconds
+
+
+def _bounded(login: Callable[[], kopf.ConnectionInfo], seconds: float) -> kopf.ConnectionInfo:
+    """`login()` in a daemon thread, waited for at most `seconds`: a plugin that never
+    answers cannot hold the command (nor its exit) past the bound."""
+    outcome: list[kopf.ConnectionInfo | BaseException] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            outcome.append(login())
+        except BaseException as error:
+            outcome.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="kubeconfig-login", daemon=True).start()
+    if not done.wait(seconds):
+        raise KubeconfigError(f"logging in with the kubeconfig's user did not finish within {seconds:g} s "
+                              f"(an exec credential plugin waiting for input or its network?); "
+                              f"${ENV_LOGIN_TIMEOUT} sets the bound", EXIT_UNAVAILABLE)
+    [result] = outcome
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def context_namespace(kubeconfig: str | None = None, context: str | None = None,

@@ -1,0 +1,121 @@
+"""The CLI's logins through the official client's loader, short of an API server:
+what an exec plugin or an OIDC id-token gives, and how a login that cannot be had
+ends (one line, the right exit code, no credential, within its bound).
+
+The real API server sees these logins in tests/e2e/test_cli_logins.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guardedcron import contract
+from guardedcron.cli.kubeconfig import ENV_LOGIN_TIMEOUT, KubeconfigError, connection_info, context_namespace
+
+GUARDEDCRON = str(Path(sys.executable).parent / "guardedcron")
+EXEC_API = "client.authentication.k8s.io/v1"
+SERVER = "https://127.0.0.1:6443"
+
+
+def kubeconfig(path: Path, user: dict[str, Any], namespace: str | None = "team-a") -> Path:
+    context: dict[str, Any] = {"cluster": "c", "user": "u"}
+    if namespace:
+        context["namespace"] = namespace
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "main",
+        "clusters": [{"name": "c", "cluster": {"server": SERVER}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "main", "context": context},
+                     {"name": "other", "context": {**context, "namespace": "team-b"}}],
+    }))
+    return path
+
+
+def exec_user(script: Path, body: str) -> dict[str, Any]:
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return {"exec": {"apiVersion": EXEC_API, "command": str(script), "interactiveMode": "Never"}}
+
+
+def trigger(config: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([GUARDEDCRON, "trigger", "nightly", "--kubeconfig", str(config), *extra],
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=60, check=False)
+
+
+def test_an_exec_plugins_token_and_the_contexts_namespace(tmp_path: Path) -> None:
+    credential = {"apiVersion": EXEC_API, "kind": "ExecCredential", "status": {"token": "from-plugin"}}
+    plugin = exec_user(tmp_path / "login.sh", f"echo '{json.dumps(credential)}'")
+    config = kubeconfig(tmp_path / "config", plugin)
+    info = connection_info(str(config))
+    assert (info.server, info.scheme, info.token, info.default_namespace) == (
+        SERVER, "Bearer", "from-plugin", "team-a")
+    assert connection_info(str(config), "other").default_namespace == "team-b"
+    # Reading the namespace alone runs no plugin.
+    (tmp_path / "login.sh").write_text("#!/bin/sh\nexit 1\n")
+    assert context_namespace(str(config), "other") == "team-b"
+    with pytest.raises(KubeconfigError, match="no context named 'absent'"):
+        context_namespace(str(config), "absent")
+
+
+def test_an_oidc_id_token_is_sent_as_the_bearer_token(tmp_path: Path) -> None:
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    id_token = ".".join([part({"alg": "none"}), part({"sub": "ada", "exp": int(time.time()) + 3600}), "sig"])
+    config = kubeconfig(tmp_path / "config", {"auth-provider": {"name": "oidc", "config": {
+        "id-token": id_token, "client-id": "kubectl", "idp-issuer-url": "https://issuer.invalid"}}})
+    info = connection_info(str(config))
+    assert (info.scheme, info.token) == ("Bearer", id_token)
+
+
+def test_a_plugin_that_never_answers_ends_the_command_at_the_bound(tmp_path: Path) -> None:
+    pid_file = tmp_path / "plugin.pid"
+    plugin = exec_user(tmp_path / "login.sh", f"echo $$ > {pid_file}\nexec sleep 300")
+    config = kubeconfig(tmp_path / "config", plugin)
+    try:
+        result = trigger(config, **{ENV_LOGIN_TIMEOUT: "1"})
+    finally:
+        if pid_file.exists():  # the plugin is left running by the loader: end it here
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert result.returncode == contract.EXIT_UNAVAILABLE, result.stderr
+    assert result.stderr.splitlines() == [
+        "guardedcron trigger: logging in with the kubeconfig's user did not finish within 1 s (an exec "
+        f"credential plugin waiting for input or its network?); ${ENV_LOGIN_TIMEOUT} sets the bound"]
+
+
+@pytest.mark.parametrize(("value", "shown"), [("soon", "'soon'"), ("0", "'0'"), ("nan", "'nan'")])
+def test_a_bad_login_bound_is_refused(tmp_path: Path, value: str, shown: str) -> None:
+    config = kubeconfig(tmp_path / "config", {"token": "t"})
+    result = trigger(config, **{ENV_LOGIN_TIMEOUT: value})
+    assert result.returncode == contract.EXIT_USAGE
+    assert result.stderr == (f"guardedcron trigger: ${ENV_LOGIN_TIMEOUT} must be a number of seconds "
+                             f"from 0 to 86400, not {shown}\n")
+
+
+def test_kubeconfig_mistakes_are_one_line_without_the_secret(tmp_path: Path) -> None:
+    secret = "s3cr3t-token-value-that-must-not-show"
+    broken = tmp_path / "broken"
+    broken.write_text(f"users:\n- name: u\n  user: {{token: {secret}\n")  # unclosed flow mapping
+    result = trigger(broken)
+    assert result.returncode == contract.EXIT_USAGE
+    assert result.stderr.startswith("guardedcron trigger: the kubeconfig is not valid YAML at line ")
+    assert secret not in result.stderr and len(result.stderr.splitlines()) == 1
+
+    config = kubeconfig(tmp_path / "config", {"token": secret})
+    missing_context = trigger(config, "--context", "nowhere")
+    assert missing_context.returncode == contract.EXIT_USAGE
+    assert missing_context.stderr == "guardedcron trigger: the kubeconfig has no context named 'nowhere'\n"
+
+    absent = trigger(tmp_path / "absent")
+    assert absent.returncode == contract.EXIT_USAGE
+    assert absent.stderr.startswith(f"guardedcron trigger: no kubeconfig at {tmp_path / 'absent'}")
