@@ -338,6 +338,7 @@ class Cost:
     server_ms: float
     wal_bytes: float
     acquire_ms: float  # guardedcron's acquire statement alone (0 for the other approaches)
+    acquire_blocks: float  # shared buffers it touched (hit or read), nested statements included
 
 
 def cost_per_acquisition(
@@ -367,6 +368,7 @@ def cost_per_acquisition(
                 approach.release(conn, holder, token)
         after = wal_lsn(meter)
         counts = statements_since_reset(meter, dbname)
+        blocks = acquire_blocks(meter, dbname)
     client = [v for q, v in counts.items() if "pg_current_wal_lsn" not in q and "CHECKPOINT" not in q]
     completed = sum(calls for calls, _ in client)
     server_ms = sum(total for _, total in client)
@@ -377,7 +379,19 @@ def cost_per_acquisition(
         server_ms / acquisitions,
         (after - before) / acquisitions,
         acquire_ms / acquisitions,
+        blocks / acquisitions,
     )
+
+
+def acquire_blocks(conn: Connection, dbname: str) -> int:
+    """Shared buffers the acquire statements touched since the reset: the work, whatever the load."""
+    row = conn.execute(
+        "SELECT coalesce(sum(shared_blks_hit + shared_blks_read), 0) FROM pg_stat_statements s"
+        " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s AND s.toplevel"
+        " AND s.query LIKE '%%guardedcron.acquire_v%%'",
+        (dbname,),
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def run(
@@ -693,6 +707,7 @@ def run_retention(
             "acquire p50 ms",
             "acquire p99 ms",
             "server ms per acquisition: acquire (+ release)",
+            "buffers per acquire",
             "WAL bytes per acquisition",
         ],
     )
@@ -712,6 +727,7 @@ def run_retention(
             ms(percentile(latencies, 0.5)),
             ms(percentile(latencies, 0.99)),
             f"{acquire_part} ({spread([c.server_ms for c in costs[offset]], 3)})",
+            spread([c.acquire_blocks for c in costs[offset]], 1) if guarded else "-",
             spread([c.wal_bytes for c in costs[offset]], 0),
         )
         pooled = [x for _, _, lat in churn[offset] for x in lat]
@@ -733,6 +749,8 @@ def run_retention(
         " percentiles pool every round's calls. Server ms: pg_stat_statements' execution time per"
         f" acquisition over {costed:,} acquisitions after a CHECKPOINT, the acquire statement alone, and in"
         " brackets every statement of the approach (release included, the commit's WAL flush not)."
+        " Buffers: shared buffers the acquire statement touched (hit or read, its nested statements"
+        " included), which the load does not change."
     )
     contended.notes.append(
         "churn: every winner lets go at once, so every call can win; ratio: acquisitions/s to the pattern's."

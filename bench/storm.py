@@ -135,6 +135,7 @@ class Storm:
     calls: list[Call]
     wal_bytes: int
     server_ms_per_call: float
+    blocks_per_call: float
     statements: int
     load: tuple[float, float]  # 1-minute load average before and after
 
@@ -184,6 +185,11 @@ def storm(admin_dsn: str, pooled_dsn: str, dbname: str, approach: str, locks: in
             results = pending.get(timeout=600)
             wal_after = wal_lsn(meter)
             counts = statements_since_reset(meter, dbname)
+            blocks = meter.execute(
+                "SELECT coalesce(sum(shared_blks_hit + shared_blks_read), 0) FROM pg_stat_statements s"
+                " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s AND s.toplevel",
+                (dbname,),
+            ).fetchone()
     measured = [v for q, v in counts.items() if "pg_current_wal_lsn" not in q and "CHECKPOINT" not in q]
     statements = sum(calls for calls, _ in measured)
     total_ms = sum(total for _, total in measured)
@@ -195,6 +201,7 @@ def storm(admin_dsn: str, pooled_dsn: str, dbname: str, approach: str, locks: in
         calls,
         wal_after - wal_before,
         total_ms / len(calls),
+        (int(blocks[0]) if blocks else 0) / len(calls),
         statements,
         (load_before, os.getloadavg()[0]),
     )
@@ -219,6 +226,7 @@ def row(table: Table, result: Storm) -> None:
         f"{latency(winners, 0.5)} / {latency(winners, 0.99)}",
         f"{result.wal_bytes / 2**20:.1f} ({result.wal_bytes / len(result.calls):.0f})",
         f"{result.server_ms_per_call:.3f}",
+        f"{result.blocks_per_call:.1f}",
         f"{result.statements / len(result.calls):.2f}",
         f"{result.connect_seconds:.1f}",
         f"{result.load[0]:.1f} → {result.load[1]:.1f}",
@@ -238,6 +246,7 @@ def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str
             "winner ms p50 / p99",
             "WAL MiB (bytes per call)",
             "server ms per call",
+            "buffers per call",
             "statements per call",
             "connect phase s (not in the storm)",
             "load average before → after",
@@ -261,7 +270,8 @@ def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str
         " pattern's pods send two statements when the INSERT is refused). The server is durable"
         " (fsync, synchronous commit). Latency from the send is what a pod waits for its answer; from the"
         " instant it also counts the client process reaching that pod's send. Server ms per call:"
-        " pg_stat_statements' execution time of every statement of the storm over the calls. WAL: the"
+        " pg_stat_statements' execution time of every statement of the storm over the calls; buffers:"
+        " the shared buffers they touched (hit or read), which the load does not change. WAL: the"
         " storm's, after a CHECKPOINT (full-page images included). The connection's user is the"
         " superuser (the owner's shortcut of the grant check): PgBouncer's auth file holds one user."
     )
