@@ -24,11 +24,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import kopf
 import pytest
+from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api as kopf_api
+from kopf._cogs.clients import watching
 from kopf.testing import KopfRunner
 
+from guardedcron.handlers import kopf_startup
 from guardedcron.handlers.context import OperatorContext
-from guardedcron.handlers.registry import build_registry
+from guardedcron.handlers.registry import GCJ, build_registry
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient, NotFound
 from guardedcron.spec import Settings
 from guardedcron_devenv.binaries import ensure_binaries
@@ -128,7 +131,17 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
         kopf_settings = kopf.OperatorSettings()
         kopf_settings.watching.server_timeout = WATCH_SECONDS
         context = OperatorContext(client=KubeClient(), settings=Settings(build=SETTINGS, namespaces=(NS,)))
-        runner = KopfRunner(["run", "--standalone", "--namespace", NS], registry=build_registry(context),
+        registry = build_registry(context)
+        handed: list[object] = []
+
+        @kopf.on.event(*GCJ, id="record_managed_fields", registry=registry)
+        async def record(*, body: kopf.Body, **_: Any) -> None:
+            handed.append(body["metadata"].get("managedFields"))
+
+        monkeypatch.setattr(aiotoggles, "ToggleSet", aiotoggles.ToggleSet)  # restored afterwards
+        monkeypatch.setattr(watching, "continuous_watch", watching.continuous_watch)
+        kopf_startup.install()  # as `guardedcron operator` does
+        runner = KopfRunner(["run", "--standalone", "--namespace", NS], registry=registry,
                             settings=kopf_settings, timeout=WAIT_SECONDS)
         with runner:
             await until(lambda: cronjob_exists(client, "before"),
@@ -144,6 +157,7 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
             await until(lambda: cronjob_exists(client, "after"),
                         "the CronJob of the GuardedCronJob created after the restarts")
             served = namespaced_requests(plane) - before
+        stored = (await client.get(GUARDED_CRONJOBS, NS, "before"))["metadata"]["managedFields"]
         assert runner.exit_code == 0, runner.output
     finally:
         await client.close()
@@ -159,4 +173,9 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
         assert query.get("resourceVersion"), f"a watch started without a resourceVersion: {query}"
     versions = [int(query["resourceVersion"][0]) for query in opened]
     assert versions == sorted(versions), versions  # each resumes from where the last one was
+
+    # The API server keeps who wrote what (the creator, kopf's annotations, the status);
+    # kopf's workers get none of it: a GuardedCronJob is never applied by the operator.
+    assert len(stored) >= 2, stored
+    assert handed and all(fields is None for fields in handed), handed
 
