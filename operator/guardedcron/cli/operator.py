@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from guardedcron.cli.lean_operator import hide_official_client
 from guardedcron.contract import EXIT_OK, EXIT_USAGE
 from guardedcron.observability.logs import DEFAULT_LOG_FORMAT, LOG_FORMATS, configure_logging
 from guardedcron.spec import Flags, Settings, SettingsError, read_settings
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         for problem in error.problems:
             print(f"guardedcron operator: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    hide_official_client()  # before kopf's first import (configure_logging's)
     configure_logging(settings.log_level, args.log_format)
     asyncio.run(run_operator(settings))
     return EXIT_OK
