@@ -55,9 +55,10 @@ def configure_logging(level: str, log_format: str = DEFAULT_LOG_FORMAT) -> None:
 
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
-    kopf.configure(debug=level == "debug", quiet=level in ("warning", "error"))
+    threshold = LOG_LEVELS[level]
+    kopf.configure(debug=threshold <= logging.DEBUG, quiet=threshold >= logging.WARNING)
     root = logging.getLogger()
-    root.setLevel(LOG_LEVELS[level])
+    root.setLevel(threshold)
     if log_format == "json":
         for handler in root.handlers:
             handler.setFormatter(JsonLines())
