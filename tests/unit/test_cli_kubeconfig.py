@@ -119,3 +119,32 @@ def test_kubeconfig_mistakes_are_one_line_without_the_secret(tmp_path: Path) -> 
     absent = trigger(tmp_path / "absent")
     assert absent.returncode == contract.EXIT_USAGE
     assert absent.stderr.startswith(f"guardedcron trigger: no kubeconfig at {tmp_path / 'absent'}")
+
+
+def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The service account's files live at fixed paths in a pod; here they are moved to a
+    temporary folder (the loader's and ours), and HOME has no ~/.kube/config."""
+    from kubernetes.config import incluster_config
+
+    from guardedcron.cli import kubeconfig as module
+
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("pod-token")
+    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (account / "namespace").write_text("jobs\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(account / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(account / "ca.crt"))
+    monkeypatch.setattr(module, "SERVICE_ACCOUNT_NAMESPACE", account / "namespace")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+
+    info = connection_info(env=env)
+    assert (info.server, info.scheme, info.token, info.default_namespace) == (
+        "https://[fd00::1]:443", "Bearer", "pod-token", "jobs")
+    assert info.ca_path == str(account / "ca.crt")
+    # Outside a pod, with no kubeconfig either: one line naming both.
+    with pytest.raises(KubeconfigError, match=r"no kubeconfig at ~/.kube/config .* not in a pod"):
+        connection_info(env={})

@@ -74,7 +74,7 @@ def connection_info(kubeconfig: str | None = None, context: str | None = None,
     The answer's `default_namespace` is the context's namespace (or the pod's)."""
     paths = kubeconfig_paths(kubeconfig, env)
     if kubeconfig is None and context is None and not _existing(paths) and env.get("KUBERNETES_SERVICE_HOST"):
-        return _in_cluster()
+        return _in_cluster(env)
     if not _existing(paths):
         raise KubeconfigError(f"no kubeconfig at {paths} (set --kubeconfig or ${ENV_KUBECONFIG}) "
                               "and not in a pod with a service account")
@@ -148,12 +148,18 @@ def _from_kubeconfig(paths: str, context: str | None) -> kopf.ConnectionInfo:
     return _as_connection_info(configuration, namespace)
 
 
-def _in_cluster() -> kopf.ConnectionInfo:
-    from kubernetes import client, config
+def _in_cluster(env: Mapping[str, str]) -> kopf.ConnectionInfo:
+    """load_incluster_config's loader, given the environment this call was given."""
+    from kubernetes import client
+    from kubernetes.config import incluster_config
 
     configuration = client.Configuration()
     with _loader_errors():
-        config.load_incluster_config(client_configuration=configuration)
+        incluster_config.InClusterConfigLoader(
+            token_filename=incluster_config.SERVICE_TOKEN_FILENAME,
+            cert_filename=incluster_config.SERVICE_CERT_FILENAME,
+            environ=env,
+        ).load_and_set(configuration)
     return _as_connection_info(configuration, _pod_namespace() or DEFAULT_NAMESPACE)
 
 
