@@ -85,3 +85,19 @@ def test_kubebuilder_assets_without_etcd_and_kube_apiserver_is_refused(tmp_path:
         prebuilt_assets({ASSETS_ENV: str(tmp_path)})
     (tmp_path / "etcd").chmod(0o755)
     assert prebuilt_assets({ASSETS_ENV: str(tmp_path)}) == tmp_path
+
+
+def test_the_toxiproxy_build_pulses_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from guardedcron_devenv import toxiproxy
+
+    for key, value in fake_go(tmp_path / "fake", 'echo "compiling"; sleep 2.5; echo binary > "$out"').items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(long_step, "PULSE_S", 1.0)
+    lines: list[str] = []
+    binary = tmp_path / "cache" / "bin" / toxiproxy.BINARY_NAME
+    toxiproxy._build(binary, "v2.5.0", tmp_path / "cache", lines.append)
+    log_path = tmp_path / "cache" / binaries.BUILD_LOG
+    pulses = [line for line in lines if "still running" in line]
+    assert pulses and all(line.startswith("guardedcron: building toxiproxy: still running after ")
+                          and f"(log: {log_path})" in line for line in pulses), lines
+    assert binary.read_text() == "binary\n"

@@ -39,7 +39,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from guardedcron_devenv.binaries import (
     BUILD_LOG,
-    FAILURE_TAIL_LINES,
+    GO_BUILD_TIMEOUT_S,
     GO_SOURCES,
     STAMP_FILE,
     BuildError,
@@ -50,6 +50,7 @@ from guardedcron_devenv.binaries import (
     required_version,
     sources_digest,
 )
+from guardedcron_devenv.long_step import run_long_step
 from guardedcron_devenv.postgres import free_port
 
 TOXIPROXY_SOURCES: Final = GO_SOURCES / "toxiproxy"
@@ -124,24 +125,14 @@ def _build(binary: Path, version: str, cache_root: Path, progress: Progress) -> 
     scratch.mkdir(parents=True)
     binary.parent.mkdir(parents=True, exist_ok=True)
     log_path = binary.parent.parent / BUILD_LOG
-    command = build_command(scratch, version)
-    progress(f"guardedcron: building toxiproxy {version} from its Go module (a minute when cold)...")
+    log_path.write_text("")
+    progress(f"guardedcron: building toxiproxy {version} from its Go module (a minute when cold; "
+             f"log: {log_path})...")
     started = time.monotonic()
-    result = subprocess.run(
-        command,
-        cwd=TOXIPROXY_SOURCES,
-        env=build_go_env(os.environ, cache_root),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-    )
-    log_path.write_text(f"$ {' '.join(command)}\n{result.stdout}\n")
-    if result.returncode != 0:
-        tail = "\n".join(result.stdout.splitlines()[-FAILURE_TAIL_LINES:])
-        raise BuildError(
-            f"building toxiproxy failed (go exit {result.returncode}); full log: {log_path}\n{tail}"
-        )
+    # A line every 15 s while go runs, and the same bound as the control plane's builds.
+    run_long_step(build_command(scratch, version), what="building toxiproxy", log_path=log_path,
+                  timeout_s=GO_BUILD_TIMEOUT_S, progress=progress,
+                  env=build_go_env(os.environ, cache_root), cwd=TOXIPROXY_SOURCES)
     os.replace(scratch / BINARY_NAME, binary)
     shutil.rmtree(scratch, ignore_errors=True)
     progress(f"guardedcron: built toxiproxy in {time.monotonic() - started:.0f} s: {binary}")
