@@ -237,8 +237,13 @@ class ControlPlane:
         startup_timeout: float = 180.0,
         progress: Progress = print,
         host_address: str = LOOPBACK,
+        zoneinfo: Path | None = None,
     ) -> None:
         self.name = name
+        # Go reads time zones from $ZONEINFO first (a folder of TZif files), then the
+        # system's: a test can give the API server (which checks CronJob.timeZone) and
+        # the CronJob controller a zone of its own, e.g. one whose clock changes soon.
+        self.zoneinfo = zoneinfo
         # LOOPBACK, or the gateway address of a PodNetwork when a real node joins.
         self.host_address = host_address
         self.startup_timeout = startup_timeout
@@ -443,7 +448,10 @@ class ControlPlane:
         )
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        self._processes[name] = spawn_logged(args, self.logs_dir / f"{name}.log")
+        env = None
+        if self.zoneinfo is not None and name in ("kube-apiserver", "kube-controller-manager"):
+            env = {**os.environ, "ZONEINFO": str(self.zoneinfo)}
+        self._processes[name] = spawn_logged(args, self.logs_dir / f"{name}.log", env=env)
 
     def _wait_until(self, what: str, ready: Callable[[], bool]) -> None:
         wait_for_parts(what, ready, self._processes, self.startup_timeout, POLL_INTERVAL_SECONDS,
@@ -494,8 +502,10 @@ def wait_for_parts(
         time.sleep(interval)
 
 
-def spawn_logged(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start a long-running part in its own process group, its output appended to log_path."""
+def spawn_logged(args: list[str], log_path: Path, *, env: Mapping[str, str] | None = None
+                 ) -> subprocess.Popen[bytes]:
+    """Start a long-running part in its own process group, its output appended to log_path
+    (with `env` as its whole environment when given, else this process's)."""
     # The parent-death signal fires when the spawning *thread* ends, so it is only
     # safe from the main thread; from a worker thread, stop() is the only clean-up.
     on_main_thread = threading.current_thread() is threading.main_thread()
@@ -505,6 +515,7 @@ def spawn_logged(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,  # its own process group, killed as a whole
             preexec_fn=_die_with_parent if on_main_thread else None,
         )
