@@ -4,7 +4,7 @@ no event, so a GuardedCronJob using catch-up gets a timer pass that notices it."
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
