@@ -171,3 +171,51 @@ def set_secret(cluster: Cluster, namespace: str, dsn: str) -> None:
     manifest = cluster.kubectl("create", "secret", "generic", DSN_SECRET, "-n", namespace,
                                f"--from-literal={DSN_KEY}={dsn}", "--dry-run=client", "-o", "yaml")
     cluster.kubectl("apply", "-f", "-", input=manifest.stdout)
+
+
+@pytest.mark.timeout(900)
+def test_failed_runs_in_a_row_suspend_the_cronjob_until_a_resume_token(
+    operator_scenario: Scenario, clusters: dict[str, Cluster], operators: dict[str, OperatorProcess],
+) -> None:
+    """A workload that fails every minute: after two failed runs the operator suspends the
+    CronJob (the controller then starts nothing), never the GuardedCronJob's spec; a
+    resume token lifts it."""
+    east = clusters[EAST]
+    namespace = operator_scenario.namespace("failing", [east])
+    failing = workload_container(items=ITEMS)
+    failing["args"] = [*failing["args"], "--items", "not-a-number"]  # the workload exits 2
+    manifest = guarded_cronjob(NAME, namespace, lease=LEASE, container=failing,
+                               spec={"suspendAfterFailures": 2})
+    create_gcj(east, manifest)
+    wait_cronjob(east, namespace, name=NAME)
+
+    status = wait_status(east, namespace, "suspended after failures",
+                         lambda s: (s.get("failures") or {}).get("suspended") is True, name=NAME,
+                         timeout=300.0)
+    failed = status["failures"]["failedRuns"]
+    assert len(failed) == 2
+    assert all(run_outcome(status, job) == "Failed" for job in failed), status["recentRuns"]
+    cronjob = east.get(f"/apis/batch/v1/namespaces/{namespace}/cronjobs/{NAME}") or {}
+    assert cronjob["spec"]["suspend"] is True
+    gcj = east.get(f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{namespace}/"
+                   f"{contract.PLURAL}/{NAME}") or {}
+    assert gcj["spec"].get("suspend") is False  # the spec is never written
+    [suspended] = [c for c in status["conditions"] if c["type"] == "Suspended"]
+    assert suspended["status"] == "True" and suspended["reason"] == "RepeatedFailures"
+    assert all(job in suspended["message"] for job in failed)
+
+    annotate(east, namespace, contract.ANNOTATION_RESUME, "r1")
+    wait_for("the CronJob is resumed", lambda: (east.get(
+        f"/apis/batch/v1/namespaces/{namespace}/cronjobs/{NAME}") or {}).get("spec", {}).get("suspend")
+        is False, 60.0)
+    status = wait_status(east, namespace, "resumed", lambda s: (s.get("failures") or {}).get(
+        "lastResumeToken") == "r1", name=NAME)
+    assert (status["failures"].get("suspended") or False) is False
+    assert_no_refusals(operators)
+
+
+def run_outcome(status: dict[str, Any], job: str) -> str | None:
+    for run in status.get("recentRuns") or []:
+        if run.get("job") == job:
+            return str(run["outcome"])
+    return None
