@@ -201,3 +201,35 @@ def test_upgrading_a_schema_4_database_keeps_its_history_and_numbers_its_wins(em
     assert again.code == 0 and again.json["applied"] == [], again
     status = run_cli(["db", "status"], dsn=empty_dsn)
     assert status.code == 0 and status.json["schema_version"] == 5, status
+
+
+def index_tuples_read(conn: Connection) -> int:
+    """Index entries of `runs` read so far, as the statistics have them (flushed first)."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relid = 'guardedcron.runs'::regclass"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_takeover_and_a_release_read_their_own_locks_runs_only(dsn: str) -> None:
+    """At the top of the minute a fleet's runs start one after the other; each takeover and
+    each release reads a handful of index entries, not every running run. Schema 4 looked the
+    previous run up by id and `outcome = 'running'` alone, and planned while no run was
+    running (the minute before, every run had ended) it read the running runs of every lock."""
+    with connect(dsn) as conn:
+        fences = [win(conn, f"job-{lock}", "before", retain_runs=100) for lock in range(300)]
+        for lock, fence in enumerate(fences):
+            assert lease_ops.release(conn, f"job-{lock}", "before", fence, "succeeded").ok
+        conn.execute("VACUUM ANALYZE guardedcron.runs")
+    with connect(dsn) as conn:
+        fences = [win(conn, f"job-{lock}", "now", retain_runs=100) for lock in range(299)]
+        before = index_tuples_read(conn)
+        win(conn, "job-299", "now", retain_runs=100)
+        taken = index_tuples_read(conn) - before
+        before = index_tuples_read(conn)
+        assert lease_ops.release(conn, "job-0", "now", fences[0], "succeeded").ok
+        released = index_tuples_read(conn) - before
+    assert taken < 50 and released < 50, (taken, released)  # schema 4: about 300 each

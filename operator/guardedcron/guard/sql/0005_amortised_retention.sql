@@ -26,6 +26,9 @@
 -- * acquire_v2 holds the body itself (_acquire_v2 and _next_fence, used by it alone, go);
 -- * the helpers lose their own pin: they are the owner's alone (nobody else may call
 --   them) and run only inside the entry points, whose pinned path they inherit.
+-- The run a win or a release updates is looked up by id and lock name: by id and
+-- `outcome = 'running'` alone, a plan made while few runs were running could read every
+-- running run of every lock, on each call.
 
 ALTER TABLE guardedcron.leases ADD COLUMN generation bigint NOT NULL DEFAULT 0;
 COMMENT ON COLUMN guardedcron.leases.generation IS
@@ -166,12 +169,15 @@ BEGIN
                   HINT = 'Fences never wrap; an administrator must move the jobs to a new lock name.';
     END;
     new_generation := cur.generation + 1;
-    -- A run still marked running whose lease ran out was abandoned by its holder.
+    -- A run still marked running whose lease ran out was abandoned by its holder. (The lock
+    -- name keeps the plan to this lock's rows: by `id = ... AND outcome = 'running'` alone,
+    -- a plan made when few runs were running read every running run of every lock, 37
+    -- buffers a call at 300 and growing with a fleet's storm.)
     UPDATE guardedcron.runs r
        SET outcome = 'abandoned', finished_at = cur.locked_until,
            reason = format('lease ran out at %s; taken over by %s with fence %s',
                            cur.locked_until, p_holder, new_fence)
-     WHERE r.id = cur.run_id AND r.outcome = 'running';
+     WHERE r.id = cur.run_id AND r.lock_name = p_lock AND r.outcome = 'running';
 
     INSERT INTO guardedcron.runs (lock_name, slot, holder, fence, started_at, outcome, generation)
     VALUES (p_lock, p_slot, p_holder, new_fence, t, 'running', new_generation)
@@ -237,6 +243,36 @@ BEGIN
 END
 $$;
 
+-- As version 3's release body, with the lock name in the run's UPDATE for the same reason
+-- as acquire_v2's (a release of each run of a fleet read every running run).
+CREATE OR REPLACE FUNCTION guardedcron._release_v2(
+    p_lock text, p_holder text, p_fence bigint, p_outcome text, p_reason text
+) RETURNS TABLE (released boolean, holder text, fence bigint, locked_until timestamptz,
+                 run_id bigint, db_now timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    cur guardedcron.leases%ROWTYPE;
+    t   timestamptz := clock_timestamp();
+BEGIN
+    SELECT * INTO cur FROM guardedcron.leases l WHERE l.lock_name = p_lock FOR UPDATE;
+    IF NOT FOUND OR cur.holder <> p_holder OR cur.fence IS DISTINCT FROM p_fence OR p_fence <= 0 THEN
+        RETURN QUERY SELECT false, cur.holder, cur.fence, cur.locked_until, cur.run_id, t;
+        RETURN;
+    END IF;
+    t := clock_timestamp();
+    UPDATE guardedcron.leases l
+       SET locked_until = greatest(l.min_hold_until, least(l.locked_until, t)),
+           released_at = coalesce(l.released_at, t)
+     WHERE l.lock_name = p_lock
+    RETURNING l.* INTO cur;
+    UPDATE guardedcron.runs r
+       SET outcome = p_outcome, finished_at = t, reason = p_reason
+     WHERE r.id = cur.run_id AND r.lock_name = p_lock AND r.outcome = 'running';
+    RETURN QUERY SELECT true, cur.holder, cur.fence, cur.locked_until, cur.run_id, t;
+END
+$$;
+
 DROP FUNCTION guardedcron._acquire_v2(text, text, double precision, double precision, bigint, integer, integer);
 DROP FUNCTION guardedcron._next_fence(text, bigint);
 
@@ -244,4 +280,3 @@ DROP FUNCTION guardedcron._next_fence(text, bigint);
 ALTER FUNCTION guardedcron._require_grant(text) RESET search_path;
 ALTER FUNCTION guardedcron._check_lease_seconds(text, double precision) RESET search_path;
 ALTER FUNCTION guardedcron._renew_v2(text, text, bigint, double precision) RESET search_path;
-ALTER FUNCTION guardedcron._release_v2(text, text, bigint, text, text) RESET search_path;
