@@ -93,6 +93,9 @@ INVALID = [
      (".containers", contract.GUARD_CONTAINER)),
     ("overlapping runs allowed", {"concurrencyPolicy": "Allow"}, ("concurrencyPolicy",)),
     ("a time zone in the schedule", {"schedule": "TZ=UTC 0 3 * * *"}, (".schedule", "TZ")),
+    ("several make-up runs with policy Latest", {"catchUp": {"policy": "Latest", "maxRuns": 3}},
+     (".catchUp", "maxRuns")),
+    ("suspend after zero failures", {"suspendAfterFailures": 0}, (".suspendAfterFailures",)),
 ]
 
 
