@@ -187,16 +187,16 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
         assert scenario.fires_at and scenario.silent_at, scenario.alert
 
 
-def test_promtool_check_rules_accepts_the_chart_rules(tmp_path: Path) -> None:
+def test_promtool_check_rules_accepts_the_chart_rules(tmp_path: Path, promtool_binary: Path) -> None:
     rules = write_rule_file(tmp_path / "rules.yaml", chart_rules(MONITORING))
-    result = promtool(["check", "rules", str(rules)], tmp_path)
+    result = promtool(promtool_binary, ["check", "rules", str(rules)], tmp_path)
     assert result.code == 0, result.output
     assert "SUCCESS: 5 rules found" in result.output, result.output
 
 
-def test_alerts_fire_for_the_failing_job_in_its_own_namespace(tmp_path: Path) -> None:
+def test_alerts_fire_for_the_failing_job_in_its_own_namespace(tmp_path: Path, promtool_binary: Path) -> None:
     test_file = rules_test(MONITORING, tmp_path)
-    result = promtool(["test", "rules", str(test_file)], tmp_path)
+    result = promtool(promtool_binary, ["test", "rules", str(test_file)], tmp_path)
     assert result.code == 0, f"promtool test rules failed:\n{result.output}"
     assert "SUCCESS" in result.output, result.output
 
@@ -206,7 +206,9 @@ def test_the_service_monitor_honors_the_metrics_labels_by_default() -> None:
     assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
 
 
-def test_without_honor_labels_the_alerts_name_the_operators_namespace(tmp_path: Path) -> None:
+def test_without_honor_labels_the_alerts_name_the_operators_namespace(
+    tmp_path: Path, promtool_binary: Path,
+) -> None:
     """The clash the chart avoids: Prometheus renames the metrics' namespace label to
     exported_namespace and the alerts point at the operator's namespace; the rule test
     above catches exactly that."""
@@ -216,6 +218,6 @@ def test_without_honor_labels_the_alerts_name_the_operators_namespace(tmp_path: 
     assert all(f'exported_namespace="{FAILING[0]}"' in row["series"]
                for row in stored if f'name="{FAILING[1]}"' in row["series"])
     test_file = rules_test(values, tmp_path)
-    result = promtool(["test", "rules", str(test_file)], tmp_path)
+    result = promtool(promtool_binary, ["test", "rules", str(test_file)], tmp_path)
     assert result.code != 0, result.output
     assert re.search(rf'namespace="{RELEASE_NAMESPACE}"', result.output), result.output

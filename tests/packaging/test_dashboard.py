@@ -41,27 +41,29 @@ def panel_queries(board: dict[str, Any]) -> list[tuple[str, str]]:
     return queries
 
 
-def check_as_rules(queries: list[tuple[str, str]], directory: Path) -> tuple[int, str]:
+def check_as_rules(promtool_binary: Path, queries: list[tuple[str, str]],
+                   directory: Path) -> tuple[int, str]:
     """promtool has no command that parses a bare expression; a recording rule per query
     makes `promtool check rules` parse each one with Prometheus' own parser."""
     rules = [{"record": f"guardedcron:dashboard_query:{index}", "expr": expr}
              for index, (_, expr) in enumerate(queries)]
     rule_file = write_rule_file(directory / "dashboard-queries.yaml",
                                 [{"name": "dashboard", "rules": rules}])
-    result = promtool(["check", "rules", str(rule_file)], directory)
+    result = promtool(promtool_binary, ["check", "rules", str(rule_file)], directory)
     return result.code, result.output
 
 
-def test_every_panel_query_parses_in_promtool(tmp_path: Path) -> None:
+def test_every_panel_query_parses_in_promtool(tmp_path: Path, promtool_binary: Path) -> None:
     queries = panel_queries(dashboard())
     assert len(queries) >= 10
-    code, output = check_as_rules(queries, tmp_path)
+    code, output = check_as_rules(promtool_binary, queries, tmp_path)
     assert code == 0, output
     assert f"SUCCESS: {len(queries)} rules found" in output, output
 
 
-def test_the_promtool_check_catches_a_broken_query(tmp_path: Path) -> None:
-    code, output = check_as_rules([("broken", "sum by (name (guardedcron_runs_total)")], tmp_path)
+def test_the_promtool_check_catches_a_broken_query(tmp_path: Path, promtool_binary: Path) -> None:
+    code, output = check_as_rules(
+        promtool_binary, [("broken", "sum by (name (guardedcron_runs_total)")], tmp_path)
     assert code != 0
     assert "parse error" in output, output
 

@@ -14,9 +14,8 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from guardedcron.observability.metrics import create_metrics
-from guardedcron_devenv.promtool import ensure_promtool
 
-# promtool checks and rule tests take well under a second; a build is not run under this.
+# promtool checks and rule tests take well under a second.
 PROMTOOL_TIMEOUT_S = 60
 
 
@@ -26,10 +25,10 @@ class PromtoolResult:
     output: str  # stdout and stderr together, as promtool reports to either
 
 
-def promtool(args: Sequence[str], cwd: Path) -> PromtoolResult:
-    """Run the real promtool (built from its Go module on first use; a failed build
-    fails the calling test with go's own output)."""
-    binary = ensure_promtool()
+def promtool(binary: Path, args: Sequence[str], cwd: Path) -> PromtoolResult:
+    """Run the real promtool (tests get `binary` from the `promtool_binary` fixture of
+    tests/packaging/conftest.py, which builds it from its Go module before the session's
+    tests run; a failed build fails them with go's own output)."""
     done = subprocess.run(
         [str(binary), *args], cwd=cwd, capture_output=True, text=True,
         timeout=PROMTOOL_TIMEOUT_S, check=False,
