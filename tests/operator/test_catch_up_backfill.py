@@ -230,3 +230,29 @@ async def test_the_cli_refuses_a_range_of_more_than_1000_slots(
     assert await cli("--since", format_time(until - timedelta(days=7)), "--until", format_time(until)) == \
         contract.EXIT_USAGE
     assert "more than 1000 slots" in capsys.readouterr().err
+
+
+async def test_a_backfill_whose_job_is_refused_stops_with_the_reason(
+        api: GuardedEmulator, client: KubeClient) -> None:
+    """A refusal that asking again would repeat (422) ends the backfill instead of
+    repeating the request on every pass."""
+    api[f"post /apis/batch/v1/namespaces/{NS}/jobs"] << 422 << {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+        "message": 'Job.batch "x" is invalid: metadata.name: Invalid value: "x"'}
+    await created_at(client, every_ten_minutes())
+    now = datetime.now(UTC) + timedelta(minutes=1)
+    since = tens(now) - timedelta(hours=2)
+    value = f"b1:{format_time(since)}/{format_time(since + timedelta(minutes=30))}"
+    await client.merge_patch(GUARDED_CRONJOBS, NS, NAME,
+                             {"metadata": {"annotations": {contract.ANNOTATION_BACKFILL: value}}})
+    memory = PassMemory()
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+
+    backfill = status(api)["backfill"]
+    assert backfill["state"] == "Stopped" and "Invalid value" in backfill["message"], backfill
+    (failed,) = events(api, "MakeUpRunFailed")
+    assert "the API server refused Job" in failed["message"]
+    assert events(api, "BackfillStopped")
+    since_then = len(api.requests_list())
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+    assert not [r for r in api.writes(since_then) if r.url.path.endswith("/jobs")]  # not asked again

@@ -99,10 +99,10 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     catch_up = plan.to_status(previous_catch_up) if plan is not None else None
     started: str | None = None
     if plan is not None and plan.start is not None and cronjob is not None:
-        made, event = await _start_slot_job(gcj, cronjob, plan.start, contract.RUN_KIND_CATCH_UP,
-                                            plan.attempt, client=client, memory=memory, logger=logger)
-        events += event
-        if made:
+        attempt = await _start_slot_job(gcj, cronjob, plan.start, contract.RUN_KIND_CATCH_UP,
+                                        plan.attempt, client=client, memory=memory, logger=logger)
+        events += attempt.events
+        if attempt.made:
             started, busy = contract.RUN_KIND_CATCH_UP, True
 
     step = backfill_status.advance_backfill(
@@ -112,10 +112,14 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     backfill = step.status
     events += [RunEvent(_NOTE_REASONS[reason], message, subject=message) for reason, message in step.notes]
     if step.start is not None and backfill is not None and cronjob is not None:
-        made, event = await _start_slot_job(gcj, cronjob, step.start, contract.RUN_KIND_BACKFILL,
-                                            step.attempt, client=client, memory=memory, logger=logger)
-        events += event
-        if made:
+        attempt = await _start_slot_job(gcj, cronjob, step.start, contract.RUN_KIND_BACKFILL,
+                                        step.attempt, client=client, memory=memory, logger=logger)
+        events += attempt.events
+        if attempt.given_up is not None:  # asking again would be refused again
+            stop = backfill_status.stopped(backfill, attempt.given_up)
+            backfill = stop.status
+            events += [RunEvent(_NOTE_REASONS[r], m, subject=m) for r, m in stop.notes]
+        elif attempt.made:
             started = contract.RUN_KIND_BACKFILL
             backfill = backfill_status.started(backfill, contract.attempt_job_name(
                 str(get_path(cronjob, "metadata", "name")), epoch_minute(step.start),
@@ -126,40 +130,49 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     return SlotsResult(status=status, events=events, started=started)
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    made: bool  # the Job exists (created now, or by an earlier pass)
+    events: list[RunEvent] = field(default_factory=list)
+    given_up: str | None = None  # why asking again cannot succeed (the CronJob, a 400/422)
+
+
 async def _start_slot_job(gcj: Body, cronjob: Body, slot_time: datetime, kind: str, attempt: int, *,
-                          client: KubeClient, memory: PassMemory, logger: Logger
-                          ) -> tuple[bool, list[RunEvent]]:
-    """Create the Job for one attempt at a past slot: (started, Events). AlreadyExists
-    (the same attempt, from a pass whose status write was lost) is started."""
+                          client: KubeClient, memory: PassMemory, logger: Logger) -> _Attempt:
+    """Create the Job for one attempt at a past slot. AlreadyExists (the same attempt,
+    from a pass whose status write was lost) counts as made."""
     slot = epoch_minute(slot_time)
     namespace = str(get_path(cronjob, "metadata", "namespace") or "")
-    name = contract.attempt_job_name(str(get_path(cronjob, "metadata", "name") or ""), slot, kind, attempt)
+    cronjob_name = str(get_path(cronjob, "metadata", "name") or "")
+    name = contract.attempt_job_name(cronjob_name, slot, kind, attempt)
     what = "make-up run" if kind == contract.RUN_KIND_CATCH_UP else "backfill run"
 
-    def failed(why: str) -> tuple[bool, list[RunEvent]]:
-        # Once per slot in this process: every Job event starts a pass.
-        if not memory.first_time(uid_of(gcj), f"{kind}\n{name}"):
-            return False, []
+    def failed(why: str, *, permanent: bool) -> _Attempt:
         message = f"no {what} for the slot at {format_time(slot_time)}: {why}"
+        given_up = message if permanent else None
+        # Once per Job name in this process: every Job event starts a pass.
+        if not memory.first_time(uid_of(gcj), f"{kind}\n{name}"):
+            return _Attempt(made=False, given_up=given_up)
         logger.info(message)
-        return False, [RunEvent(EventReason.MAKE_UP_RUN_FAILED, message, subject=name)]
+        return _Attempt(made=False, given_up=given_up,
+                        events=[RunEvent(EventReason.MAKE_UP_RUN_FAILED, message, subject=name)])
 
     try:
         job = build_slot_job(cronjob, slot=slot, scheduled_at=format_time(slot_time), run_kind=kind,
                              attempt=attempt)
     except ManualRunError as error:
-        return failed(f"CronJob {name} cannot give a guarded run: {error}")
+        return failed(f"CronJob {cronjob_name} cannot give a guarded run: {error}", permanent=True)
     try:
         await client.create(JOBS, namespace, job)
     except Conflict:
         logger.info(f"Job {name} for the slot at {format_time(slot_time)} already exists.")
-        return True, []
+        return _Attempt(made=True)
     except ApiError as error:
         if error.namespace_terminating:
-            return False, []
-        return failed(f"the API server refused Job {name}: {error}")
+            return _Attempt(made=False)
+        return failed(f"the API server refused Job {name}: {error}", permanent=error.permanent)
     logger.info(f"Created Job {name}, a {what} for the slot at {format_time(slot_time)}.")
     reason = EventReason.MAKE_UP_RUN_CREATED if kind == contract.RUN_KIND_CATCH_UP \
         else EventReason.BACKFILL_RUN_CREATED
-    return True, [RunEvent(reason, f"{what} {name} created for the slot at {format_time(slot_time)}",
-                           subject=name)]
+    return _Attempt(made=True, events=[RunEvent(
+        reason, f"{what} {name} created for the slot at {format_time(slot_time)}", subject=name)])

@@ -192,6 +192,12 @@ def _progress(parsed: ParsedSpec, state: dict[str, Any], runs: Iterable[RunRecor
     return BackfillStep(status=state, start=remaining[0], attempt=next_attempt(records, slot), notes=notes)
 
 
+def stopped(state: Mapping[str, Any], why: str) -> BackfillStep:
+    """status.backfill once its next Job cannot be made (the CronJob or a refusal that
+    asking again would repeat): stopped for good, with the reason."""
+    return _stop(state, why)
+
+
 def started(state: Mapping[str, Any], job_name: str) -> dict[str, Any]:
     """status.backfill once the Job for its `next` slot exists."""
     return {**state, "running": job_name}
