@@ -46,7 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("render", "print the CronJob the operator would create for a GuardedCronJob"),
     "operator": ("operator", "run the operator: GuardedCronJobs into guarded CronJobs, run status back"),
     "trigger": ("trigger", "start a manual, guarded run of a GuardedCronJob now (a Job from its CronJob)"),
-    "backfill": ("backfill", "run the slots of a past time range, one at a time (sets guardedcron.io/backfill)"),
+    "backfill": ("backfill", "run the slots of a past time range, one at a time (guardedcron.io/backfill)"),
 }
 
 
