@@ -260,10 +260,11 @@ def run_context_of(args: argparse.Namespace, scheduled_slot: int | None) -> RunC
     """The run context (the slot to claim and what lease.json tells the workload), from
     --time-zone, --repeated-time and --run-kind; BadInput for a zone that does not exist."""
     from guardedcron.guard.outputs import RunContext
-    from guardedcron.schedule import ScheduleError, load_time_zone
 
     zone = None
-    if args.time_zone is not None:
+    if args.time_zone is not None:  # the schedule package only when needed: start-up time
+        from guardedcron.schedule import ScheduleError, load_time_zone
+
         try:
             zone = load_time_zone(args.time_zone)
         except ScheduleError as exc:

@@ -39,7 +39,6 @@ from guardedcron.contract import (
     GuardOutcome,
 )
 from guardedcron.guard.redaction import redact
-from guardedcron.schedule.dst import slot_time, wall_clock_slot
 
 
 @dataclass(frozen=True)
@@ -60,13 +59,17 @@ class RunContext:
         the wall-clock minute, so its second showing finds it claimed in any cluster."""
         if self.scheduled_slot is None or not self.once_per_wall_minute or self.zone is None:
             return self.scheduled_slot
+        # Imported here: the schedule package costs every guard's start-up otherwise.
+        from guardedcron.schedule.dst import wall_clock_slot
+
         return wall_clock_slot(self.scheduled_slot, self.zone)
 
     def fields(self) -> dict[str, Any]:
         """The run context's keys of lease.json."""
         kind = self.run_kind or (RUN_KIND_MANUAL if self.scheduled_slot is None
                                  else RUN_KIND_SCHEDULED)
-        when = slot_time(self.scheduled_slot) if self.scheduled_slot is not None else None
+        when = (datetime.fromtimestamp(self.scheduled_slot * 60, UTC)  # a slot is a minute
+                if self.scheduled_slot is not None else None)
         return {
             KEY_RUN_KIND: kind,
             KEY_MANUAL: kind == RUN_KIND_MANUAL,
