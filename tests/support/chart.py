@@ -44,9 +44,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "clusterName": "eu-west-1",
         "guard": {"image": "registry.example/guard:1.2.3", "resources": {"limits": {"cpu": ""}}},
         "image": {"digest": "sha256:" + "ab" * 32},
-        "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+        "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                    "dashboard": {"enabled": True, "annotations": {"grafana_folder": "Ops"}}},
         "crds": {"keep": False},
         "podLabels": {"team": "platform"},
+        "priorityClassName": "system-cluster-critical",
     },
 }
 
