@@ -36,11 +36,20 @@ import multiprocessing as mp
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.common import Table, connect, machine_line, percentile, statements_since_reset, wal_lsn
+from bench.common import (
+    Table,
+    connect,
+    cpu_seconds,
+    machine_line,
+    percentile,
+    statements_since_reset,
+    wal_lsn,
+)
 from bench.lease_acquire import schema_database
 from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
@@ -94,7 +103,8 @@ async def _attempt(
 
 async def _cluster(
     dsn: str, approach: str, cluster: str, locks: int, slot: int, ready: Any, go: Any
-) -> tuple[float, list[Call]]:
+) -> tuple[float, float, list[Call]]:
+    """(connect phase seconds, CPU seconds of this process in the storm, its pods' calls)"""
     gate = asyncio.Semaphore(CONNECT_AT_ONCE)
 
     async def open_one() -> psycopg.AsyncConnection[Any]:
@@ -115,13 +125,15 @@ async def _cluster(
         won, reason = await _attempt(pods[index], approach, index, f"{cluster}/job-{index}-{slot}-pod", slot)
         return Call(index, sent, time.time() - instant, won, reason)
 
+    cpu = time.process_time()
     calls = await asyncio.gather(*(pod(i) for i in range(locks)))
+    cpu = time.process_time() - cpu
     for conn in pods:
         await conn.close()
-    return connect_seconds, list(calls)
+    return connect_seconds, cpu, list(calls)
 
 
-def _cluster_process(args: tuple[str, str, str, int, int, Any, Any]) -> tuple[float, list[Call]]:
+def _cluster_process(args: tuple[str, str, str, int, int, Any, Any]) -> tuple[float, float, list[Call]]:
     dsn, approach, cluster, locks, slot, ready, go = args
     return asyncio.run(_cluster(dsn, approach, cluster, locks, slot, ready, go))
 
@@ -138,6 +150,7 @@ class Storm:
     blocks_per_call: float
     statements: int
     load: tuple[float, float]  # 1-minute load average before and after
+    cpu: tuple[float, float, float]  # CPU seconds in the storm: PostgreSQL, PgBouncer, the clusters
 
 
 def prepare(admin_dsn: str, approach: str, locks: int, slot: int) -> None:
@@ -163,7 +176,35 @@ def prepare(admin_dsn: str, approach: str, locks: int, slot: int) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
-def storm(admin_dsn: str, pooled_dsn: str, dbname: str, approach: str, locks: int) -> Storm:
+def server_pids(server: ThrowawayPostgres) -> list[int]:
+    """The postmaster and every process it started (backends, WAL writer, checkpointer...)."""
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    children = []
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == postmaster:
+            children.append(int(status.parent.name))
+    return [postmaster, *children]
+
+
+def cpu_of(pids: list[int]) -> dict[int, float]:
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = cpu_seconds(pid)
+        except OSError:
+            continue
+    return found
+
+
+def storm(
+    server: ThrowawayPostgres, bouncer: PgBouncer, admin_dsn: str, dbname: str, approach: str, locks: int
+) -> Storm:
+    pooled_dsn = bouncer.dsn_for(admin_dsn)
+    assert bouncer.proc is not None
     slot = int(time.time()) // 60
     prepare(admin_dsn, approach, locks, slot)
     ctx = mp.get_context("spawn")
@@ -179,10 +220,14 @@ def storm(admin_dsn: str, pooled_dsn: str, dbname: str, approach: str, locks: in
             meter.execute("SELECT pg_stat_statements_reset()")
             wal_before = wal_lsn(meter)
             load_before = os.getloadavg()[0]
+            database_before = cpu_of(server_pids(server))
+            pooler_before = cpu_seconds(bouncer.proc.pid)
             instant = time.time() + START_MARGIN_S
             for _ in CLUSTERS:
                 go.put(instant)
             results = pending.get(timeout=600)
+            database_after = cpu_of(server_pids(server))
+            pooler = cpu_seconds(bouncer.proc.pid) - pooler_before
             wal_after = wal_lsn(meter)
             counts = statements_since_reset(meter, dbname)
             blocks = meter.execute(
@@ -193,7 +238,9 @@ def storm(admin_dsn: str, pooled_dsn: str, dbname: str, approach: str, locks: in
     measured = [v for q, v in counts.items() if "pg_current_wal_lsn" not in q and "CHECKPOINT" not in q]
     statements = sum(calls for calls, _ in measured)
     total_ms = sum(total for _, total in measured)
-    calls = [call for _, cluster_calls in results for call in cluster_calls]
+    calls = [call for _, _, cluster_calls in results for call in cluster_calls]
+    # A backend the pooler opened during the storm counts from zero.
+    database = sum(after - database_before.get(pid, 0.0) for pid, after in database_after.items())
     return Storm(
         approach,
         locks,
@@ -204,6 +251,7 @@ def storm(admin_dsn: str, pooled_dsn: str, dbname: str, approach: str, locks: in
         (int(blocks[0]) if blocks else 0) / len(calls),
         statements,
         (load_before, os.getloadavg()[0]),
+        (database, pooler, sum(cpu for _, cpu, _ in results)),
     )
 
 
@@ -228,6 +276,7 @@ def row(table: Table, result: Storm) -> None:
         f"{result.server_ms_per_call:.3f}",
         f"{result.blocks_per_call:.1f}",
         f"{result.statements / len(result.calls):.2f}",
+        " / ".join(f"{seconds:.1f}" for seconds in result.cpu),
         f"{result.connect_seconds:.1f}",
         f"{result.load[0]:.1f} → {result.load[1]:.1f}",
     )
@@ -248,6 +297,7 @@ def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str
             "server ms per call",
             "buffers per call",
             "statements per call",
+            "CPU s in the storm: PostgreSQL / PgBouncer / clients",
             "connect phase s (not in the storm)",
             "load average before → after",
         ],
@@ -262,7 +312,7 @@ def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str
             version = 4 if approach == "schema4" else 5
             name = f"storm_{approach.replace('-', '_')}"
             dsn = schema_database(server, name, version)
-            row(table, storm(dsn, bouncer.dsn_for(dsn), name, approach, locks))
+            row(table, storm(server, bouncer, dsn, name, approach, locks))
             print(table.markdown(), flush=True)
     table.notes.append(
         "Each cluster is one process holding its pods' connections (asyncio, psycopg, no prepared"
@@ -272,7 +322,9 @@ def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str
         " instant it also counts the client process reaching that pod's send. Server ms per call:"
         " pg_stat_statements' execution time of every statement of the storm over the calls; buffers:"
         " the shared buffers they touched (hit or read), which the load does not change. WAL: the"
-        " storm's, after a CHECKPOINT (full-page images included). The connection's user is the"
+        " storm's, after a CHECKPOINT (full-page images included). CPU: seconds used from the instant to the"
+        " last answer by the server's processes, the pooler, and the two cluster processes (their own"
+        " count). The connection's user is the"
         " superuser (the owner's shortcut of the grant check): PgBouncer's auth file holds one user."
     )
     return table
