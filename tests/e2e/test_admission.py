@@ -96,6 +96,9 @@ INVALID = [
     ("several make-up runs with policy Latest", {"catchUp": {"policy": "Latest", "maxRuns": 3}},
      (".catchUp", "maxRuns")),
     ("suspend after zero failures", {"suspendAfterFailures": 0}, (".suspendAfterFailures",)),
+    ("H inside a range", {"schedule": "H-5 * * * *"}, (".schedule", "H(")),
+    ("a DST policy without a time zone", {"dstPolicy": {"repeatedTime": "Once"}},
+     ("dstPolicy", "timeZone")),
 ]
 
 
