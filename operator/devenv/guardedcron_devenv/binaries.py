@@ -65,6 +65,7 @@ class BuildTarget:
     name: str  # the binary's file name
     module_dir: str  # folder under go/ holding the go.mod
     package: str  # package path relative to that folder
+    tags: tuple[str, ...] = ()  # Go build tags
 
 
 TARGETS: Final = (
@@ -197,8 +198,9 @@ def build_go_command(target: BuildTarget, out_dir: Path, kubernetes_version: str
     ldflags = ["-s", "-w"]
     if target.module_dir == "kube":
         ldflags += build_version_ldflags(kubernetes_version)
+    tags = [f"-tags={','.join(target.tags)}"] if target.tags else []
     return [
-        "go", "build", "-trimpath", f"-ldflags={' '.join(ldflags)}",
+        "go", "build", "-trimpath", *tags, f"-ldflags={' '.join(ldflags)}",
         "-o", str(out_dir / target.name), target.package,
     ]  # fmt: skip
 
