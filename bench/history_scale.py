@@ -54,11 +54,20 @@ SELECT %(lock)s, NULL, 'manual-' || m, -m,
 
 
 class Explaining:
-    """Stands in for a connection: EXPLAIN ANALYZE each distinct statement once, then run it."""
+    """Stands in for a connection (or a cursor of it): EXPLAIN ANALYZE each distinct statement
+    once, then run it."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Any, plans: dict[str, str] | None = None) -> None:
         self.conn = conn
-        self.plans: dict[str, str] = {}
+        self.plans: dict[str, str] = {} if plans is None else plans
+
+    @property
+    def adapters(self) -> Any:
+        return self.conn.adapters
+
+    def cursor(self) -> Explaining:
+        """The history queries read through guard.timestamps.reading(conn), a cursor."""
+        return Explaining(self.conn.cursor(), self.plans)
 
     def execute(self, query: Any, params: Any = None) -> Any:
         text = query if isinstance(query, str) else query.decode()
