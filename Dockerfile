@@ -28,11 +28,13 @@ COPY operator/ ./operator/
 COPY crds/ ./crds/
 # The venv's own pip builds the wheel and installs it; every dependency is a
 # prebuilt wheel (psycopg[binary] included), so no compiler is needed. Then the
-# installer goes: pip and setuptools have no place in the final image.
+# installer goes: pip and setuptools have no place in the final image. So does the
+# official kubernetes client (about 140 MB with its bytecode): only the CLI's kubeconfig
+# logins use it, on users' machines; the operator and the guard never import it.
 RUN python -m venv "$VENV" \
     && "$VENV/bin/pip" wheel --no-deps --wheel-dir "$WHEELS" . \
     && "$VENV/bin/pip" install --only-binary=:all: "$WHEELS"/guardedcron-*.whl \
-    && "$VENV/bin/pip" uninstall --yes pip setuptools
+    && "$VENV/bin/pip" uninstall --yes pip setuptools kubernetes
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="guardedcron" \

@@ -326,3 +326,19 @@ def test_the_image_was_built_on_the_stand_in_not_pulled(
                                        built_image.tag)
     base, image = json.loads(base_layers), json.loads(image_layers)
     assert image[: len(base)] == base
+
+
+def test_a_kubeconfig_login_in_the_image_says_in_one_line_that_the_client_is_left_out(
+    docker_engine: DockerEngine, built_image: BuiltImage, tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    kubeconfig.chmod(0o644)
+    tmp_path.chmod(0o755)  # the image's user 65532 reads it
+    result = run_in_image(docker_engine, built_image.tag,
+                          ["trigger", "nightly", "--kubeconfig", "/kube/config"],
+                          volumes=[f"{tmp_path}:/kube:ro"], tmpfs=[CHART_TMP])
+    assert result.returncode != 0, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "official kubernetes client" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr

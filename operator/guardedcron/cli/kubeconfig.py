@@ -22,6 +22,7 @@ loader does not let us reach, is left to end by itself.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -130,11 +131,21 @@ def context_namespace(kubeconfig: str | None = None, context: str | None = None,
         if kubeconfig is not None or context is not None:
             raise KubeconfigError(f"no kubeconfig at {paths}")
         return _pod_namespace() or DEFAULT_NAMESPACE
+    _official_client_present()
     with _loader_errors():
         return _namespace_of(paths, context)
 
 
+def _official_client_present() -> None:
+    """The image leaves the official client out (Dockerfile): say so in one line."""
+    if importlib.util.find_spec("kubernetes") is None:
+        raise KubeconfigError("logging in through a kubeconfig needs the official kubernetes "
+                              "client, which this installation (the guardedcron image) leaves "
+                              "out; run the command where `pip install guardedcron` installed it")
+
+
 def _from_kubeconfig(paths: str, context: str | None) -> kopf.ConnectionInfo:
+    _official_client_present()
     from kubernetes import client, config
 
     configuration = client.Configuration()
@@ -150,6 +161,7 @@ def _from_kubeconfig(paths: str, context: str | None) -> kopf.ConnectionInfo:
 
 def _in_cluster(env: Mapping[str, str]) -> kopf.ConnectionInfo:
     """load_incluster_config's loader, given the environment this call was given."""
+    _official_client_present()
     from kubernetes import client
     from kubernetes.config import incluster_config
 
