@@ -252,7 +252,7 @@ def ensure_binaries(progress: Progress = print) -> Paths:
         lambda: build_stamp(
             sources_digest(only=target_sources(TARGETS)), kube_version, etcd_version
         ),
-        lambda wanted: _is_current(paths.bin_dir, TARGETS, wanted),
+        lambda wanted: binaries_current(paths.bin_dir, TARGETS, wanted),
         lambda: build_targets(TARGETS, paths.bin_dir, kube_version, cache_root, progress),
     )
     return paths
@@ -299,7 +299,7 @@ def _with_prebuilt(assets: Path, kube_version: str, cache_root: Path, progress: 
     build_cached(
         version_dir,
         lambda: build_stamp(sources_digest(only=target_sources(built)), kube_version, "", built),
-        lambda wanted: _is_current(companions, built, wanted),
+        lambda wanted: binaries_current(companions, built, wanted),
         lambda: build_targets(built, companions, kube_version, cache_root, progress),
     )
     link_dir = assets_link_dir(cache_root, assets)
@@ -345,7 +345,7 @@ def ensure_node_binaries(progress: Progress = print) -> NodeBinaries:
         lambda: build_stamp(
             sources_digest(only=target_sources(NODE_TARGETS)), kube_version, "", NODE_TARGETS
         ),
-        lambda wanted: _is_current(node.bin_dir, NODE_TARGETS, wanted),
+        lambda wanted: binaries_current(node.bin_dir, NODE_TARGETS, wanted),
         lambda: build_targets(NODE_TARGETS, node.bin_dir, kube_version, cache_root, progress),
     )
     return node
@@ -373,7 +373,8 @@ def build_cached(
         (version_dir / STAMP_FILE).write_text(json.dumps(stamp(), indent=2) + "\n")
 
 
-def _is_current(bin_dir: Path, targets: tuple[BuildTarget, ...], wanted: dict[str, str]) -> bool:
+def binaries_current(bin_dir: Path, targets: tuple[BuildTarget, ...], wanted: dict[str, str]) -> bool:
+    """The stamp beside `bin_dir` says `wanted` and every target's binary is executable."""
     stamp_path = bin_dir.parent / STAMP_FILE
     if not stamp_path.is_file():
         return False

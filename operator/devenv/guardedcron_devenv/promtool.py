@@ -15,7 +15,6 @@ digest, with the same cache protocol and build loop as the control plane
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -24,10 +23,10 @@ from typing import Final
 
 from guardedcron_devenv.binaries import (
     GO_SOURCES,
-    STAMP_FILE,
     BuildError,
     BuildTarget,
     Progress,
+    binaries_current,
     build_cache_root,
     build_cached,
     build_go_command,
@@ -68,20 +67,10 @@ def ensure_promtool(progress: Progress = print) -> Path:
     build_cached(
         version_dir,
         lambda: build_stamp(sources_digest(only=(f"{PROMTOOL.module_dir}/",)), version),
-        lambda wanted: _is_current(bin_dir / PROMTOOL.name, wanted),
+        lambda wanted: binaries_current(bin_dir, (PROMTOOL,), wanted),
         lambda: _build(bin_dir, version, cache_root, progress),
     )
     return bin_dir / PROMTOOL.name
-
-
-def _is_current(binary: Path, wanted: dict[str, str]) -> bool:
-    stamp_path = binary.parent.parent / STAMP_FILE
-    if not stamp_path.is_file() or not os.access(binary, os.X_OK):
-        return False
-    try:
-        return bool(json.loads(stamp_path.read_text()) == wanted)
-    except json.JSONDecodeError:
-        return False
 
 
 def _build(bin_dir: Path, version: str, cache_root: Path, progress: Progress) -> None:
