@@ -6,13 +6,18 @@ import json
 import subprocess
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from guardedcron.schedule.hashed import resolve_hashed
+from guardedcron.spec import parse_guarded_cronjob
 from guardedcron_devenv.postgres import ThrowawayPostgres, free_port
 from tests.support import GUARDEDCRON, run_cli
+from tests.support.gcj import base_gcj
 
 ACQUIRE = ["acquire", "--lock", "billing/nightly", "--lease-seconds", "60"]
 
@@ -361,6 +366,8 @@ BAD_INPUT = [
     (["keep", "--lock", "j", "--holder", "a", "--fence", "1", "--lease-seconds", "-1"], "from 0.1 to"),
     (["runs", "--lock", "j", "--gaps"], "--gaps needs --schedule"),
     (["runs", "--lock", "j", "--since", "yesterday"], "ISO 8601"),
+    (["runs", "--lock", "j", "--gaps", "--schedule", "H/90 * * * *"], "--schedule: minute field: step 90"),
+    (["runs", "--lock", "j", "--gaps", "--schedule", "5-H * * * *"], "H must start the item"),
 ]
 
 
@@ -393,3 +400,40 @@ def test_unparseable_dsn_is_bad_input_and_not_echoed() -> None:
     result = run_cli([*ACQUIRE, "--holder", "a"], dsn=dsn)
     assert result.code == 64
     assert "hunter22" not in result.stderr + result.stdout
+
+
+def test_runs_gaps_resolve_h_with_the_lock_as_the_operator_does(dsn: str) -> None:
+    """`H` in --schedule is the schedule the CronJob got: resolved from the lock inspected."""
+    gcj = base_gcj()
+    gcj["spec"]["schedule"] = "H H/6 * * *"
+    gcj["spec"]["timeZone"] = "UTC"
+    operator = parse_guarded_cronjob(gcj).spec  # what the operator gives the CronJob
+    lock = operator.lease.name
+    assert lock == "billing/nightly-invoices"
+    # Resolved from another seed it would fire at other times, so the gaps would differ.
+    assert resolve_hashed("H H/6 * * *", "") != operator.schedule_text
+    since = datetime(2026, 3, 1, tzinfo=UTC)
+    fires = list(operator.schedule.iter_between(since, since + timedelta(days=1), UTC))
+    assert len(fires) == 4
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for fence, when in enumerate(fires[:1] + fires[2:], start=1):  # the second is missing
+            conn.execute(
+                "INSERT INTO guardedcron.runs (lock_name, slot, holder, fence, started_at, finished_at,"
+                " outcome) VALUES (%s, %s, 'h', %s, %s, %s, 'succeeded')",
+                (lock, int(when.timestamp()) // 60, fence, when + timedelta(seconds=5),
+                 when + timedelta(seconds=30)),
+            )
+    window = ["--since", since.isoformat(), "--until", (since + timedelta(days=1)).isoformat()]
+    args = ["runs", "--lock", lock, "--gaps", "--schedule", "H H/6 * * *", *window]
+    result = run_cli([*args, "--json"], dsn=dsn)
+    assert result.code == 1, result.stderr
+    report: dict[str, Any] = result.json
+    assert [g["expected_at"] for g in report["gaps"]] == [fires[1].isoformat()]
+    assert report["gap_window"] == {
+        "since": since.isoformat(), "until": (since + timedelta(days=1)).isoformat(), "expected": 4,
+        "schedule": operator.schedule_text, "written_schedule": "H H/6 * * *", "time_zone": "UTC",
+    }
+    text = run_cli(args, dsn=dsn)
+    assert text.code == 1, text.stderr
+    assert f"schedule: {operator.schedule_text} (H resolved from H H/6 * * *) in UTC" in text.stdout
+    assert f"no run for {fires[1].isoformat()}" in text.stdout

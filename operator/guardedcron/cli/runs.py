@@ -107,15 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     schedule = zone = None
     if args.gaps:
-        if not args.schedule:
-            raise BadInput("--gaps needs --schedule")
-        from guardedcron.schedule import Schedule, ScheduleError, load_time_zone
-
-        try:
-            schedule = Schedule.parse(args.schedule)
-            zone = load_time_zone(args.time_zone)
-        except ScheduleError as exc:
-            raise BadInput(str(exc)) from None
+        schedule, zone = _gap_schedule(args.schedule, args.time_zone, args.lock)
     since = parse_time("--since", args.since) if args.since else None
     until = parse_time("--until", args.until) if args.until else None
     if since is not None and until is not None and since > until:
@@ -128,9 +120,17 @@ def _run(args: argparse.Namespace) -> int:
         # Another tenant's lock is refused (exit 77) before anything is read or written.
         history.check_grant(conn, args.lock)
         # The gap window first: it may still refuse the input, before anything is written.
-        window = None
+        expected = None
         if schedule is not None and zone is not None:
-            window = _gap_window(conn, args.lock, schedule, zone, since, until, tolerance)
+            start, end, expected = _gap_window(conn, args.lock, schedule, zone, since, until, tolerance)
+            report["gap_window"] = {
+                "since": start.isoformat(),
+                "until": end.isoformat(),
+                "expected": len(expected),
+                "schedule": schedule.text,  # H resolved: what the CronJob got
+                "written_schedule": args.schedule,
+                "time_zone": args.time_zone,
+            }
         if args.mark_abandoned:
             report["marked_abandoned"] = history.mark_abandoned(conn, args.lock)
         runs = history.list_runs(conn, args.lock, limit)
@@ -140,15 +140,9 @@ def _run(args: argparse.Namespace) -> int:
                 {"earlier": o.earlier.as_json(), "later": o.later.as_json()}
                 for o in history.find_overlaps(conn, args.lock)
             ]
-        if window is not None:
-            start, end, expected = window
+        if expected is not None:
             gaps = history.find_gaps(conn, args.lock, expected, tolerance)
             report["gaps"] = [{"expected_at": g.expected_at.isoformat(), "slot": g.slot} for g in gaps]
-            report["gap_window"] = {
-                "since": start.isoformat(),
-                "until": end.isoformat(),
-                "expected": len(expected),
-            }
         return report
 
     with connect(dsn, timeout) as conn:
@@ -160,6 +154,26 @@ def _run(args: argparse.Namespace) -> int:
         print_report(report)
     trouble = report.get("gaps") or report.get("overlaps")
     return EXIT_FAILURE if trouble else EXIT_OK
+
+
+def _gap_schedule(text: str | None, time_zone: str, lock: str) -> tuple[Schedule, tzinfo]:
+    """The schedule the gaps are counted against: `text` with `H` resolved for `lock`, as
+    the operator resolves it for the CronJob (the lock is the effective one the runs hold,
+    so the resolution is the same), in `time_zone`."""
+    if not text:
+        raise BadInput("--gaps needs --schedule")
+    from guardedcron.schedule import Schedule, ScheduleError, load_time_zone
+    from guardedcron.schedule.hashed import resolve_hashed
+
+    try:
+        schedule = Schedule.parse(resolve_hashed(text, lock))
+    except ScheduleError as exc:
+        raise BadInput(f"--schedule: {exc}") from None
+    try:
+        zone = load_time_zone(time_zone)
+    except ScheduleError as exc:
+        raise BadInput(str(exc)) from None
+    return schedule, zone
 
 
 def _gap_window(
@@ -220,9 +234,12 @@ def print_report(report: dict[str, Any]) -> None:
             )
     if "gaps" in report:
         window = report["gap_window"]
+        written = window["written_schedule"]
+        resolved = window["schedule"]
+        of = resolved if resolved == written else f"{resolved} (H resolved from {written})"
         print(
             f"\ngaps: {len(report['gaps'])} of {window['expected']} expected runs "
-            f"between {window['since']} and {window['until']}"
+            f"between {window['since']} and {window['until']}\nschedule: {of} in {window['time_zone']}"
         )
         for g in report["gaps"]:
             print(f"  no run for {g['expected_at']} (slot {g['slot']})")
