@@ -4,6 +4,10 @@
 #   docker run --rm ghcr.io/guardedcron/guardedcron:0.1.0 --help
 #
 # The operator:  guardedcron operator --liveness=http://0.0.0.0:8080/healthz
+#                with PYTHONMALLOC=malloc MALLOC_ARENA_MAX=2 in its environment (the
+#                chart's Deployment sets them; docker run: -e each): glibc's allocator,
+#                which it trims after its start-up peak. Not an image-wide ENV: the
+#                guard is a short process that CPython's own allocator serves well.
 # A guard:       guardedcron acquire --lock ... (injected by the operator)
 #
 # It runs as the numeric user 65532 with a read-only root filesystem: bytecode is

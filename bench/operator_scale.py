@@ -9,7 +9,10 @@ Measures, for `guardedcron operator` running as its own process through a kubeco
 
 By default the objects live on a real control plane (etcd, kube-apiserver and
 kube-controller-manager from guardedcron_devenv, started here and stopped at the end);
-`--api emulator` uses the kmock emulator instead. Usage, from the repository root:
+`--api emulator` uses the kmock emulator instead. The operator gets the environment the
+chart's Deployment gives it (glibc's allocator: guardedcron.cli.operator_memory), so the
+figures are what a deployment gets; `--pymalloc` runs it on CPython's allocator instead.
+Usage, from the repository root:
 
     nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1000 --namespaces 10
     .venv/bin/python bench/operator_scale.py --api emulator --objects 1000
@@ -50,6 +53,7 @@ from tests.support.gcj import base_gcj  # noqa: E402
 
 from bench.common import Tree, cpu_seconds, rss_mib, trees  # noqa: E402
 from bench.scale_targets import Emulator, RealApiServer, Target, split  # noqa: E402
+from guardedcron.cli.operator_memory import ALLOCATOR_ENV  # noqa: E402
 from guardedcron_devenv.controlplane import ControlPlane, free_port  # noqa: E402
 
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
@@ -80,14 +84,20 @@ async def wait_for(check: Callable[[], bool], what: str, phase_seconds: float) -
 
 
 class Operator:
-    """`guardedcron operator --standalone` as a child process, its log in a file."""
+    """`guardedcron operator --standalone` as a child process, its log in a file, with
+    the environment the chart's Deployment gives it (glibc's allocator) unless
+    `pymalloc` (CPython's own, for a before/after)."""
 
     def __init__(self, kubeconfig: Path, log: Path, profile: Path | None,
-                 code: Tree | None, heap: Path | None = None) -> None:
+                 code: Tree | None, heap: Path | None = None, pymalloc: bool = False) -> None:
         self.log = log
         self.heap = heap
         self.heap_dumps = 0
         base = code.env() if code is not None else dict(os.environ)
+        for name in ALLOCATOR_ENV:
+            base.pop(name, None)
+        if not pymalloc:
+            base.update(ALLOCATOR_ENV)
         self.metrics_port = free_port()
         self.env = {**base, "KUBECONFIG": str(kubeconfig),
                     "GUARDEDCRON_METRICS_PORT": str(self.metrics_port),
@@ -149,8 +159,9 @@ class Operator:
 
 async def measure(target: Target, objects: int, namespaces: int, phase_seconds: float,
                   workdir: Path, profile: Path | None, code: Tree | None,
-                  heap: Path | None = None) -> dict[str, Any]:
+                  heap: Path | None = None, pymalloc: bool = False) -> dict[str, Any]:
     await target.seed([gcj(i, namespaces) for i in range(objects)])
+    load_at_start = os.getloadavg()[0]
 
     def profile_file(name: str) -> Path | None:
         return None if profile is None else profile / f"{name}.prof"
@@ -161,7 +172,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
     # --- first start: every object is new
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "first.log", profile_file("first"),
-                        code, heap_dir("first")) as op:
+                        code, heap_dir("first"), pymalloc) as op:
         applied_s = await wait_for(lambda: target.applied() >= objects, "every CronJob applied",
                                    phase_seconds)
         ready_s = applied_s + await wait_for(lambda: target.ready() >= objects, "every status Ready",
@@ -178,7 +189,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
     # --- restart over up-to-date objects: an idle resync
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "restart.log", profile_file("restart"),
-                        code, heap_dir("restart")) as op:
+                        code, heap_dir("restart"), pymalloc) as op:
         resumed_s = await wait_for(lambda: op.resumed() >= objects, "every object resumed",
                                    phase_seconds)
         cpu_restart = op.cpu()
@@ -210,6 +221,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         "rss_mib_after_restart": round(idle_rss, 1),
         "rss_peak_mib_after_restart": round(idle_peak, 1),
         f"rss_mib_steady_{STEADY_SECONDS:.0f}s_after_restart": round(idle_steady, 1),
+        "load_average_1m_at_start": load_at_start,
         "load_average_1m_at_end": os.getloadavg()[0],
         "logs": str(workdir),
     }
@@ -224,7 +236,7 @@ def control_plane(keep_logs: Path) -> Iterator[ControlPlane]:
 
 async def run(options: argparse.Namespace, workdir: Path, code: Tree | None) -> dict[str, Any]:
     args = (options.objects, options.namespaces, options.timeout, workdir, options.profile, code,
-            options.heap)
+            options.heap, options.pymalloc)
     if options.api == "emulator":
         async with Emulator(workdir) as emulator:
             return {"api": "emulator", **await measure(emulator, *args)}
@@ -243,6 +255,8 @@ def main() -> None:
     parser.add_argument("--heap", type=Path,
                         help="trace the operator's memory (tracemalloc), heap dumps here")
     parser.add_argument("--code", help="run this commit's operator code instead of the working tree's")
+    parser.add_argument("--pymalloc", action="store_true",
+                        help="run the operator on CPython's allocator, not the chart's (glibc's)")
     options = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="guardedcron-bench-scale-"))
     if options.profile is not None:
@@ -250,7 +264,9 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         code = stack.enter_context(trees(options.code))[0] if options.code else None
         result = asyncio.run(run(options, workdir, code))
-    print(json.dumps({**result, "code": options.code or "working tree"}, indent=2))
+    allocator = "pymalloc" if options.pymalloc else " ".join(f"{k}={v}" for k, v in ALLOCATOR_ENV.items())
+    print(json.dumps({**result, "code": options.code or "working tree", "allocator": allocator},
+                     indent=2))
 
 
 if __name__ == "__main__":

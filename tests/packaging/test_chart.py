@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from guardedcron.cli.operator_memory import ALLOCATOR_ENV
 from tests.support.chart import (
     CHART,
     RELEASE_NAMESPACE,
@@ -128,6 +129,15 @@ def test_operator_settings_reach_the_environment() -> None:
     assert default["GUARDEDCRON_NAMESPACES"] == ""
     assert default["GUARDEDCRON_GUARD_IMAGE"] == "ghcr.io/guardedcron/guardedcron:0.1.0"
     assert default["GUARDEDCRON_STOP_WORKLOAD"] == "false"
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_the_operator_runs_on_the_allocator_it_trims(name: str) -> None:
+    """glibc's allocator, set before Python starts: what lets the operator give its
+    start-up peak back (guardedcron.cli.operator_memory); one source for the values."""
+    env = env_of(one(render(VALUE_SETS[name]), "Deployment"))
+    assert {key: env.get(key) for key in ALLOCATOR_ENV} == dict(ALLOCATOR_ENV)
+    assert ALLOCATOR_ENV["PYTHONMALLOC"] == "malloc"
 
 
 def test_log_format_extra_args_and_extra_env_reach_the_container() -> None:

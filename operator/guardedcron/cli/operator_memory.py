@@ -1,0 +1,77 @@
+"""The operator's memory after its start-up peak: glibc's allocator, trimmed.
+
+The operator's memory peaks when it starts over all its objects (kopf's worker for each
+listed object holds that object's body until every index is filled), then falls. Under
+CPython's own small-object allocator most of it stays resident: a pymalloc arena goes
+back to the system only once every block in it is free, and the long-lived per-object
+records made during the peak are scattered through those arenas (docs/benchmarks.md,
+"Memory: what holds it"). So the operator runs on glibc's malloc instead
+(`ALLOCATOR_ENV`; the chart's Deployment sets it, since Python reads it only as it
+starts), with at most two arenas (otherwise up to one per thread and core, each keeping
+its own free memory). glibc returns free pages from inside its heap only when asked,
+by `malloc_trim`: `trim_periodically` asks every few seconds while that still gives
+memory back (the minutes after a start, as kopf's per-object workers end and drop the
+bodies), and once a minute after that. Each call runs in a worker thread, so the event
+loop is not held up while glibc walks its free lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+# The operator's allocator; only the operator's container gets it (the guard, in the
+# same image, is a short process that pymalloc serves well).
+ALLOCATOR_ENV: Mapping[str, str] = MappingProxyType({"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"})
+TRIM_SECONDS = 5.0  # between trims while the last one gave memory back
+IDLE_TRIM_SECONDS = 60.0  # between trims once it did not
+WORTH_MIB = 1.0  # a trim that gave back less than this counts as having given nothing
+
+logger = logging.getLogger("guardedcron.memory")
+Trim = Callable[[], object]
+
+
+def malloc_trim() -> Trim | None:
+    """glibc's `malloc_trim(0)`, or None where the C library has none (musl, macOS)."""
+    try:
+        function = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_size_t]
+    function.restype = ctypes.c_int
+    return lambda: function(0)
+
+
+def resident_mib(statm: Path = Path("/proc/self/statm")) -> float:
+    """This process's resident memory; 0 where /proc is not there."""
+    try:
+        pages = int(statm.read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+async def trim_once(trim: Trim) -> float:
+    """Trim in a worker thread; the MiB of resident memory it gave back (logged)."""
+    before, started = resident_mib(), time.monotonic()
+    await asyncio.to_thread(trim)
+    after = resident_mib()
+    logger.debug("malloc_trim: resident %.1f -> %.1f MiB in %.0f ms",
+                 before, after, (time.monotonic() - started) * 1000)
+    return before - after
+
+
+async def trim_periodically(trim: Trim, *, busy_seconds: float = TRIM_SECONDS,
+                            idle_seconds: float = IDLE_TRIM_SECONDS) -> None:
+    """Trim every `busy_seconds` while a trim gives memory back, else every
+    `idle_seconds`; until cancelled."""
+    delay = busy_seconds
+    while True:
+        await asyncio.sleep(delay)
+        delay = busy_seconds if await trim_once(trim) >= WORTH_MIB else idle_seconds
