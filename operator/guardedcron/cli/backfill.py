@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import secrets
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
 from guardedcron import contract
+from guardedcron.cli.cluster_options import add_cluster_options, name_problems
 from guardedcron.cli.kubeconfig import KubeconfigError, connection_info
-from guardedcron.cli.trigger import add_cluster_options
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from guardedcron.kube import GUARDED_CRONJOBS, ApiError, ApiUnreachable, KubeClient, NotFound
 from guardedcron.spec import SpecError, parse_guarded_cronjob
@@ -45,7 +44,6 @@ from guardedcron.status.runs import RunRecord
 from guardedcron.status.times import epoch_minute, format_time, parse_time
 
 FIELD_MANAGER = "guardedcron-backfill"
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class BackfillFailed(Exception):
@@ -90,11 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _request(args: argparse.Namespace, *, now: datetime) -> BackfillRequest:
-    for what, value, limit in (("NAME", args.name, contract.CRONJOB_NAME_MAX),
-                               ("--namespace", args.namespace, contract.NAMESPACE_MAX)):
-        if value is not None and not (_NAME.match(value) and len(value) <= limit):
-            raise BackfillRequestError(f"{what} {value!r} is not a valid name (lowercase letters, "
-                                       f"digits and '-', at most {limit} characters)")
+    problems = name_problems(args.name, args.namespace)
+    if problems:
+        raise BackfillRequestError("; ".join(problems))
     token = args.token if args.token is not None else f"bf-{secrets.token_hex(4)}"
     problem = token_problem(token) if token.strip() else "must not be empty"
     if problem is not None or ":" in token:

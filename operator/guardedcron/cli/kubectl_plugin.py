@@ -27,6 +27,7 @@ from typing import Any
 
 from guardedcron import contract
 from guardedcron.cli import render, trigger
+from guardedcron.cli.cluster_options import add_cluster_options, name_problems
 from guardedcron.cli.kubeconfig import KubeconfigError, connection_info, context_namespace
 from guardedcron.cli.main import Parser, PrintVersion, report_internal_error
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "status.recentRuns. The database's full history of a lock: "
                                       "guardedcron runs --lock ...")
     runs.add_argument("name", metavar="NAME", nargs="?", help="the GuardedCronJob (default: all)")
-    trigger.add_cluster_options(runs)
+    add_cluster_options(runs)
     runs.add_argument("-A", "--all-namespaces", action="store_true",
                       help="every namespace (not with NAME)")
     runs.add_argument("-o", "--output", choices=("table", "json"), default="table")
@@ -104,6 +105,11 @@ def run_runs(args: argparse.Namespace) -> int:
     if args.all_namespaces and args.name:
         print(f"{PROG} runs: a GuardedCronJob cannot be read by name across all namespaces "
               "(-A): give -n instead", file=sys.stderr)
+        return EXIT_USAGE
+    problems = name_problems(args.name, args.namespace)
+    for problem in problems:
+        print(f"{PROG} runs: {problem}", file=sys.stderr)
+    if problems:
         return EXIT_USAGE
     try:
         where, rows = asyncio.run(recent_runs(args.name, args.namespace, args.all_namespaces,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import secrets
 import sys
 from typing import Any
@@ -34,6 +33,7 @@ from guardedcron.builders.manual import (
     manual_job_name,
     suffix_from_bytes,
 )
+from guardedcron.cli.cluster_options import add_cluster_options, name_problems
 from guardedcron.cli.kubeconfig import KubeconfigError, connection_info
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from guardedcron.kube import (
@@ -49,7 +49,6 @@ from guardedcron.kube import (
 from guardedcron.objects import controlled_by, uid_of
 
 FIELD_MANAGER = "guardedcron-trigger"
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # A random suffix already taken (one in millions) gets another; more is not chance.
 CREATE_ATTEMPTS = 3
 
@@ -72,20 +71,8 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser.set_defaults(run=run)
 
 
-def add_cluster_options(parser: argparse.ArgumentParser) -> None:
-    """-n, --kubeconfig and --context, as kubectl spells them."""
-    parser.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace, else default")
-    parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, "
-                        "else ~/.kube/config)")
-    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
-
-
 def run(args: argparse.Namespace) -> int:
-    problems = [f"{what} {value!r} is not a valid name (lowercase letters, digits and '-', "
-                f"at most {limit} characters)"
-                for what, value, limit in (("NAME", args.name, contract.CRONJOB_NAME_MAX),
-                                           ("--namespace", args.namespace, 63))
-                if value is not None and not (_NAME.match(value) and len(value) <= limit)]
+    problems = name_problems(args.name, args.namespace)
     if problems:
         for problem in problems:
             print(f"{getattr(args, 'prog', 'guardedcron trigger')}: {problem}", file=sys.stderr)
