@@ -73,3 +73,18 @@ def test_the_stamp_changes_with_the_release_and_the_sources() -> None:
     assert build_stamp("other", "v2.5.0") != base
     assert build_stamp("digest", "v2.6.0") != base
     assert f"{toxiproxy.TOXIPROXY_MODULE}.Version=v2.5.0" in base["command"]
+
+
+@pytest.mark.usefixtures("no_go")
+@pytest.mark.parametrize("damage", ["binary not executable", "stamp not JSON"])
+def test_a_damaged_cache_is_built_again(tmp_path: Path, damage: str) -> None:
+    """The cache check is the control plane's (binaries.binaries_current): a current stamp
+    counts only beside an executable binary, and an unreadable stamp is stale."""
+    binary = _fake_cache(
+        tmp_path, build_stamp(binaries.sources_digest(TOXIPROXY_SOURCES), toxiproxy_version()))
+    if damage == "binary not executable":
+        binary.chmod(0o644)
+    else:
+        (binary.parent.parent / binaries.STAMP_FILE).write_text("{not json")
+    with pytest.raises(BuildError, match="not on PATH"):
+        ensure_toxiproxy(progress=lambda line: None)

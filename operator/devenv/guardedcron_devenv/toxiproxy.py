@@ -41,9 +41,10 @@ from guardedcron_devenv.binaries import (
     BUILD_LOG,
     GO_BUILD_TIMEOUT_S,
     GO_SOURCES,
-    STAMP_FILE,
     BuildError,
+    BuildTarget,
     Progress,
+    binaries_current,
     build_cache_root,
     build_cached,
     build_go_env,
@@ -56,6 +57,8 @@ from guardedcron_devenv.postgres import free_port
 TOXIPROXY_SOURCES: Final = GO_SOURCES / "toxiproxy"
 TOXIPROXY_MODULE: Final = "github.com/Shopify/toxiproxy/v2"
 BINARY_NAME: Final = "toxiproxy-server"
+# The one binary of go/toxiproxy/ (its main package is the module's root).
+TOXIPROXY: Final = BuildTarget(BINARY_NAME, TOXIPROXY_SOURCES.name, ".")
 LOOPBACK: Final = "127.0.0.1"
 # Bounds on every wait in this module (seconds).
 STARTUP_TIMEOUT_S: Final = 15.0
@@ -97,20 +100,10 @@ def ensure_toxiproxy(progress: Progress = print) -> Path:
     build_cached(
         version_dir,
         lambda: build_stamp(sources_digest(TOXIPROXY_SOURCES), version),
-        lambda wanted: _is_current(binary, wanted),
+        lambda wanted: binaries_current(binary.parent, (TOXIPROXY,), wanted),
         lambda: _build(binary, version, cache_root, progress),
     )
     return binary
-
-
-def _is_current(binary: Path, wanted: dict[str, str]) -> bool:
-    stamp_path = binary.parent.parent / STAMP_FILE
-    if not stamp_path.is_file() or not os.access(binary, os.X_OK):
-        return False
-    try:
-        return bool(json.loads(stamp_path.read_text()) == wanted)
-    except json.JSONDecodeError:
-        return False
 
 
 def _build(binary: Path, version: str, cache_root: Path, progress: Progress) -> None:
