@@ -86,6 +86,9 @@ ANNOTATION_BACKFILL: Final = f"{API_GROUP}/backfill"
 ANNOTATION_RUN_KIND: Final = f"{API_GROUP}/run-kind"
 RUN_KIND_CATCH_UP: Final = "catch-up"
 RUN_KIND_BACKFILL: Final = "backfill"
+# A wall time the clock skipped (spec.dstPolicy.skippedTime RunAtNextMinute): its Job's
+# guard claims the wall time's own key (schedule.dst.skipped_time_slot), never a minute's.
+RUN_KIND_SKIPPED_TIME: Final = "skipped-time"
 # Issue 14, stop after repeated failures: a new value resumes a CronJob the operator
 # suspended after spec.suspendAfterFailures failed runs in a row (once per value).
 ANNOTATION_RESUME: Final = f"{API_GROUP}/resume"
@@ -129,8 +132,9 @@ KEY_SCHEDULED_TIME_UTC: Final = "scheduled_time_utc"  # RFC 3339 in UTC; null fo
 KEY_TIME_ZONE: Final = "time_zone"  # the job's IANA zone; null when the guard was not told
 RUN_KIND_SCHEDULED: Final = "scheduled"  # a Job the CronJob controller made for its slot
 RUN_KIND_MANUAL: Final = "manual"  # `guardedcron trigger`, the trigger annotation, kubectl
-# The guard's `--run-kind`: catch-up and backfill Jobs say so (RUN_KIND_CATCH_UP or
-# RUN_KIND_BACKFILL); a Job without it is scheduled when its name has a slot, else manual.
+# The guard's `--run-kind`: catch-up, backfill and skipped-time Jobs say so (RUN_KIND_CATCH_UP,
+# RUN_KIND_BACKFILL, RUN_KIND_SKIPPED_TIME); a Job without it is scheduled when its name
+# has a slot, else manual.
 GUARD_RUN_KIND_FLAG: Final = "--run-kind"
 # On a CronJob whose GuardedCronJob's schedule uses H: spec.schedule as written (the
 # CronJob's own schedule is the resolved one).
@@ -256,8 +260,8 @@ def slot_from_job_name(job_name: str, cronjob: str) -> int | None:
 # backfill"): `<cronjob>-<slot>-<c|b><attempt>`, the CronJob part shortened to fit 63
 # characters. Never the controller's `<cronjob>-<slot>`: its guard gets the slot with
 # --slot, and its Job carries the slot in ANNOTATION_SCHEDULED_TIMESTAMP.
-ATTEMPT_LETTERS: Final = {RUN_KIND_CATCH_UP: "c", RUN_KIND_BACKFILL: "b"}
-_ATTEMPT_SUFFIX: Final = re.compile(r"-([0-9]+)-([cb])([0-9]+)$")
+ATTEMPT_LETTERS: Final = {RUN_KIND_CATCH_UP: "c", RUN_KIND_BACKFILL: "b", RUN_KIND_SKIPPED_TIME: "s"}
+_ATTEMPT_SUFFIX: Final = re.compile(r"-([0-9]+)-([cbs])([0-9]+)$")
 _JOB_NAME_MAX: Final = 63
 
 

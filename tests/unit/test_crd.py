@@ -407,8 +407,11 @@ REFUSED: list[Any] = [
      ("cel", ".spec.dstPolicy", "dstPolicy needs timeZone")),
     ("dst-repeated-time-unknown", [put("spec.dstPolicy", {"repeatedTime": "Thrice"})],
      ("schema", ".spec.dstPolicy.repeatedTime", "is not one of ['Twice', 'Once']")),
-    ("dst-skipped-time-not-offered", [put("spec.dstPolicy", {"skippedTime": "Later"})],
-     ("schema", ".spec.dstPolicy", "('skippedTime' was unexpected)")),
+    ("dst-skipped-time-unknown", [put("spec.dstPolicy", {"skippedTime": "Later"})],
+     ("schema", ".spec.dstPolicy.skippedTime", "is not one of ['Skip', 'RunAtNextMinute']")),
+    ("dst-skipped-time-without-time-zone", [drop("spec.timeZone"),
+                                            put("spec.dstPolicy", {"skippedTime": "RunAtNextMinute"})],
+     ("cel", ".spec.dstPolicy", "dstPolicy needs timeZone")),
     ("run-context-env-not-bool", [put("spec.runContext", {"env": "yes"})],
      ("schema", ".spec.runContext.env", "'yes' is not of type 'boolean'")),
     # refused by the OpenAPI schema itself

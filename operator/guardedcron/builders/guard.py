@@ -46,12 +46,15 @@ def build_guard_container(parsed: ParsedSpec, settings: OperatorSettings) -> dic
 
 
 def _run_context_args(parsed: ParsedSpec) -> list[str]:
-    """The guard's time zone, when it needs it: for repeatedTime Once (its slot key) or
-    for spec.runContext.env (the scheduled time in lease.json). Otherwise none, so that
-    the CronJob of a spec using neither stays as it was."""
+    """The guard's time zone, when it needs it: for repeatedTime Once (its slot key), for
+    skippedTime RunAtNextMinute (the runs the operator starts name a wall time, which the
+    guard checks and turns into their scheduled time) or for spec.runContext.env (the
+    scheduled time in lease.json). Otherwise none, so that the CronJob of a spec using
+    none of them stays as it was."""
     spec = parsed.spec
     once = spec.dst_policy.repeated_time == "Once"
-    if not (once or spec.run_context_env):
+    skipped = spec.dst_policy.skipped_time == "RunAtNextMinute"
+    if not (once or skipped or spec.run_context_env):
         return []
     args = ["--time-zone", literal_arg(spec.time_zone or "UTC")]
     return [*args, "--repeated-time", "Once"] if once else args
@@ -76,8 +79,8 @@ def run_context_env(parsed: ParsedSpec) -> list[dict[str, Any]]:
 
 def mark_run_kind(job: Mapping[str, Any], kind: str) -> dict[str, Any]:
     """A copy of a Job built from the CronJob's template whose guard says, in lease.json,
-    that the operator started it for a past slot (`kind`: contract.RUN_KIND_CATCH_UP or
-    RUN_KIND_BACKFILL)."""
+    that the operator started it for a past slot or a skipped wall time (`kind`:
+    contract.RUN_KIND_CATCH_UP, RUN_KIND_BACKFILL or RUN_KIND_SKIPPED_TIME)."""
     marked = copy.deepcopy(dict(job))
     containers = get_path(marked, "spec", "template", "spec", "initContainers")
     for container in containers if isinstance(containers, list) else ():

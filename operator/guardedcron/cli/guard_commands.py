@@ -14,7 +14,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ from guardedcron.contract import (
     RENEWALS_PER_LEASE,
     RUN_KIND_BACKFILL,
     RUN_KIND_CATCH_UP,
+    RUN_KIND_SKIPPED_TIME,
     AcquireReason,
     GuardOutcome,
     ReleaseOutcome,
@@ -90,8 +91,9 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         )
         parser.add_argument(
             RUN_KIND_FLAG,
-            choices=[RUN_KIND_CATCH_UP, RUN_KIND_BACKFILL],
-            help="why the operator started this Job for a past slot (for lease.json)",
+            choices=[RUN_KIND_CATCH_UP, RUN_KIND_BACKFILL, RUN_KIND_SKIPPED_TIME],
+            help="why the operator started this Job for a past slot (for lease.json); "
+            f"{RUN_KIND_SKIPPED_TIME}: --slot is a skipped wall time's key (needs --time-zone)",
         )
         parser.add_argument("--out", type=folder, help="folder for the fence and lease.json files")
         parser.add_argument("--retain-days", default="90", help="run history kept, days")
@@ -272,8 +274,39 @@ def run_context_of(args: argparse.Namespace, scheduled_slot: int | None) -> RunC
                            f"guard knows ({exc.__class__.__name__})") from None
     if args.repeated_time == "Once" and (zone is None or scheduled_slot is None):
         raise BadInput("--repeated-time Once needs --time-zone and a slot (--slot or --job-name)")
+    if args.run_kind == RUN_KIND_SKIPPED_TIME:
+        # The claim is the wall time's key (claimed_slot_of); lease.json's scheduled time
+        # is the minute the run was due, the first after the jump.
+        return RunContext(scheduled_slot=skipped_time_due(scheduled_slot, zone),
+                          time_zone=args.time_zone, zone=zone, once_per_wall_minute=False,
+                          run_kind=args.run_kind)
     return RunContext(scheduled_slot=scheduled_slot, time_zone=args.time_zone, zone=zone,
                       once_per_wall_minute=args.repeated_time == "Once", run_kind=args.run_kind)
+
+
+def skipped_time_due(slot: int | None, zone: tzinfo | None) -> int:
+    """The minute a skipped wall time's run is due (docs/design.md, "Daylight-saving
+    policy"); BadInput unless `slot` is the key of a wall time `zone` skips."""
+    from guardedcron.schedule.dst import next_valid_minute, skipped_wall_time, slot_of
+
+    if slot is None or zone is None:
+        raise BadInput(f"{RUN_KIND_FLAG} {RUN_KIND_SKIPPED_TIME} needs --time-zone and --slot")
+    try:
+        wall = skipped_wall_time(slot)
+    except ValueError as exc:
+        raise BadInput(f"--slot: {exc}") from None
+    due = next_valid_minute(wall, zone)
+    if due is None:
+        raise BadInput(f"--slot {slot} stands for {wall.isoformat(timespec='minutes')}, a wall time "
+                       "the clock of --time-zone does not skip")
+    return slot_of(due)
+
+
+def claimed_slot_of(args: argparse.Namespace, context: RunContext,
+                    scheduled_slot: int | None) -> int | None:
+    """The slot claimed in the database: a skipped wall time's key as given, else the run
+    context's (repeatedTime Once moves a repeated minute to its first showing)."""
+    return scheduled_slot if args.run_kind == RUN_KIND_SKIPPED_TIME else context.claimed_slot
 
 
 def connect_timeout(args: argparse.Namespace) -> float:
@@ -335,7 +368,7 @@ def _acquire(args: argparse.Namespace) -> int:
         min_hold_seconds=parse_seconds(
             "--min-hold-seconds", args.min_hold_seconds, minimum=0, maximum=MAX_LEASE_SECONDS
         ),
-        slot=context.claimed_slot,
+        slot=claimed_slot_of(args, context, scheduled_slot),
         retain_days=parse_integer(
             "--retain-days", args.retain_days, minimum=1, maximum=lease_ops.MAX_RETAIN_DAYS
         ),

@@ -1,6 +1,7 @@
-"""Catch-up, backfill and suspension after failures, as one pass acts on them (issue 14).
+"""Catch-up, backfill, skipped wall times and suspension after failures, as one pass acts
+on them (issue 14).
 
-The decisions are pure (status/catchup.py, backfill.py, suspension.py); here the pass
+The decisions are pure (status/catchup.py, backfill.py, skipped.py, suspension.py); here the pass
 reads their inputs from the GuardedCronJob (annotations, status, creation time), starts
 at most one Job for a past slot, and turns what changed into Events. A Job for a slot
 is named `<cronjob>-<slot>`, so a second attempt (a pass retried after its status write
@@ -26,11 +27,13 @@ from guardedcron.spec import ParsedSpec
 from guardedcron.status import EventReason, RunEvent, RunRecord, SchedulingStatus
 from guardedcron.status import backfill as backfill_status
 from guardedcron.status.catchup import plan_catch_up
+from guardedcron.status.skipped import POLICY as SKIPPED_TIME_POLICY
+from guardedcron.status.skipped import by_skipped_key, plan_skipped_times
 from guardedcron.status.suspension import SuspensionDecision, decide_suspension
 from guardedcron.status.times import epoch_minute, format_time, parse_time
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
-# How often a GuardedCronJob with catch-up or a backfill gets a pass of its own (kopf
+# How often a GuardedCronJob with catch-up, a backfill or skipped times to run gets a pass of its own (kopf
 # timer), besides those its objects' events start: the longest a missed slot or a due
 # retry waits for a pass (docs/design.md, "Bounded waits").
 TIMER_SECONDS = 60.0
@@ -53,10 +56,14 @@ class SlotsResult:
 
 
 def wants_timer(*, spec: Mapping[str, Any], annotations: Mapping[str, str], **_: Any) -> bool:
-    """kopf's `when` filter of the timer: catch-up on, or a backfill asked for."""
+    """kopf's `when` filter of the timer: catch-up on, skipped wall times run, or a
+    backfill asked for (a jump ahead of the clock makes no Kubernetes event either)."""
     catch_up = spec.get("catchUp")
     policy = catch_up.get("policy") if isinstance(catch_up, Mapping) else None
-    return policy in ("Latest", "All") or bool(annotations.get(contract.ANNOTATION_BACKFILL))
+    dst = spec.get("dstPolicy")
+    skipped = dst.get("skippedTime") if isinstance(dst, Mapping) else None
+    return (policy in ("Latest", "All") or skipped == SKIPPED_TIME_POLICY
+            or bool(annotations.get(contract.ANNOTATION_BACKFILL)))
 
 
 def annotation(gcj: Body, key: str) -> str | None:
@@ -79,8 +86,9 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
                        runs: Sequence[RunRecord], previous: Mapping[str, Any],
                        suspension: SuspensionDecision, now: datetime, client: KubeClient,
                        memory: PassMemory, logger: Logger) -> SlotsResult:
-    """Plan catch-up and advance the backfill; start at most one Job for a past slot
-    (catch-up first: a recent missed slot matters more than an old range)."""
+    """Plan catch-up and skipped wall times and advance the backfill; start at most one
+    Job (catch-up first, then skipped times: a recent slot matters more than an old range)."""
+    runs = by_skipped_key(runs)
     suspended = parsed.spec.suspend or suspension.suspended
     # One run at a time: the lease allows no more, and a Job started beside a running one
     # would only be skipped (and its slot lost to it).
@@ -99,11 +107,26 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     catch_up = plan.to_status(previous_catch_up) if plan is not None else None
     started: str | None = None
     if plan is not None and plan.start is not None and cronjob is not None:
-        attempt = await _start_slot_job(gcj, cronjob, plan.start, contract.RUN_KIND_CATCH_UP,
+        attempt = await _start_slot_job(gcj, cronjob, _Slot.past(plan.start), contract.RUN_KIND_CATCH_UP,
                                         plan.attempt, client=client, memory=memory, logger=logger)
         events += attempt.events
         if attempt.made:
             started, busy = contract.RUN_KIND_CATCH_UP, True
+
+    previous_skipped = previous.get("skippedTime")
+    previous_skipped = previous_skipped if isinstance(previous_skipped, Mapping) else None
+    skipped = plan_skipped_times(parsed, runs=runs, created_at=created, previous=previous_skipped,
+                                 busy=busy or not usable, suspended=suspended,
+                                 now=now) if created is not None else None
+    if skipped is not None and skipped.start is not None and cronjob is not None:
+        wall = skipped.start.wall.isoformat(sep=" ", timespec="minutes")
+        attempt = await _start_slot_job(
+            gcj, cronjob, _Slot(skipped.start.slot, skipped.start.due,
+                                f"{wall}, a wall time the clock of {parsed.spec.time_zone} skipped"),
+            contract.RUN_KIND_SKIPPED_TIME, skipped.attempt, client=client, memory=memory, logger=logger)
+        events += attempt.events
+        if attempt.made:
+            started, busy = contract.RUN_KIND_SKIPPED_TIME, True
 
     step = backfill_status.advance_backfill(
         parsed, annotation=annotation(gcj, contract.ANNOTATION_BACKFILL),
@@ -112,7 +135,7 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     backfill = step.status
     events += [RunEvent(_NOTE_REASONS[reason], message, subject=message) for reason, message in step.notes]
     if step.start is not None and backfill is not None and cronjob is not None:
-        attempt = await _start_slot_job(gcj, cronjob, step.start, contract.RUN_KIND_BACKFILL,
+        attempt = await _start_slot_job(gcj, cronjob, _Slot.past(step.start), contract.RUN_KIND_BACKFILL,
                                         step.attempt, client=client, memory=memory, logger=logger)
         events += attempt.events
         if attempt.given_up is not None:  # asking again would be refused again
@@ -126,8 +149,33 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
                 contract.RUN_KIND_BACKFILL, step.attempt))
     status = SchedulingStatus(
         catch_up=catch_up, backfill=backfill, failures=suspension.status,
+        skipped_time=skipped.to_status() if skipped is not None else None,
         suspended_for_failures=suspension.suspended, failed_runs=suspension.failed_runs)
     return SlotsResult(status=status, events=events, started=started)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """What a Job the operator starts runs: the slot its guard claims, the minute it was
+    due (its scheduled-time annotation) and how messages name it."""
+
+    slot: int
+    due: datetime
+    shown: str
+
+    @classmethod
+    def past(cls, slot_time: datetime) -> _Slot:
+        return cls(epoch_minute(slot_time), slot_time, f"the slot at {format_time(slot_time)}")
+
+
+_WHAT: Mapping[str, str] = {contract.RUN_KIND_CATCH_UP: "make-up run",
+                            contract.RUN_KIND_BACKFILL: "backfill run",
+                            contract.RUN_KIND_SKIPPED_TIME: "skipped-time run"}
+_CREATED: Mapping[str, EventReason] = {
+    contract.RUN_KIND_CATCH_UP: EventReason.MAKE_UP_RUN_CREATED,
+    contract.RUN_KIND_BACKFILL: EventReason.BACKFILL_RUN_CREATED,
+    contract.RUN_KIND_SKIPPED_TIME: EventReason.SKIPPED_TIME_RUN_CREATED,
+}
 
 
 @dataclass(frozen=True)
@@ -137,18 +185,18 @@ class _Attempt:
     given_up: str | None = None  # why asking again cannot succeed (the CronJob, a 400/422)
 
 
-async def _start_slot_job(gcj: Body, cronjob: Body, slot_time: datetime, kind: str, attempt: int, *,
+async def _start_slot_job(gcj: Body, cronjob: Body, target: _Slot, kind: str, attempt: int, *,
                           client: KubeClient, memory: PassMemory, logger: Logger) -> _Attempt:
-    """Create the Job for one attempt at a past slot. AlreadyExists (the same attempt,
-    from a pass whose status write was lost) counts as made."""
-    slot = epoch_minute(slot_time)
+    """Create the Job for one attempt at a past slot or a skipped wall time. AlreadyExists
+    (the same attempt, from a pass whose status write was lost) counts as made."""
+    slot = target.slot
     namespace = str(get_path(cronjob, "metadata", "namespace") or "")
     cronjob_name = str(get_path(cronjob, "metadata", "name") or "")
     name = contract.attempt_job_name(cronjob_name, slot, kind, attempt)
-    what = "make-up run" if kind == contract.RUN_KIND_CATCH_UP else "backfill run"
+    what = _WHAT[kind]
 
     def failed(why: str, *, permanent: bool) -> _Attempt:
-        message = f"no {what} for the slot at {format_time(slot_time)}: {why}"
+        message = f"no {what} for {target.shown}: {why}"
         given_up = message if permanent else None
         # Once per Job name in this process: every Job event starts a pass.
         if not memory.first_time(uid_of(gcj), f"{kind}\n{name}"):
@@ -158,21 +206,19 @@ async def _start_slot_job(gcj: Body, cronjob: Body, slot_time: datetime, kind: s
                         events=[RunEvent(EventReason.MAKE_UP_RUN_FAILED, message, subject=name)])
 
     try:
-        job = build_slot_job(cronjob, slot=slot, scheduled_at=format_time(slot_time), run_kind=kind,
+        job = build_slot_job(cronjob, slot=slot, scheduled_at=format_time(target.due), run_kind=kind,
                              attempt=attempt)
     except ManualRunError as error:
         return failed(f"CronJob {cronjob_name} cannot give a guarded run: {error}", permanent=True)
     try:
         await client.create(JOBS, namespace, job)
     except Conflict:
-        logger.info(f"Job {name} for the slot at {format_time(slot_time)} already exists.")
+        logger.info(f"Job {name} for {target.shown} already exists.")
         return _Attempt(made=True)
     except ApiError as error:
         if error.namespace_terminating:
             return _Attempt(made=False)
         return failed(f"the API server refused Job {name}: {error}", permanent=error.permanent)
-    logger.info(f"Created Job {name}, a {what} for the slot at {format_time(slot_time)}.")
-    reason = EventReason.MAKE_UP_RUN_CREATED if kind == contract.RUN_KIND_CATCH_UP \
-        else EventReason.BACKFILL_RUN_CREATED
+    logger.info(f"Created Job {name}, a {what} for {target.shown}.")
     return _Attempt(made=True, events=[RunEvent(
-        reason, f"{what} {name} created for the slot at {format_time(slot_time)}", subject=name)])
+        _CREATED[kind], f"{what} {name} created for {target.shown}", subject=name)])

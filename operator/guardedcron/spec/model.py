@@ -12,6 +12,7 @@ from guardedcron.schedule import Schedule
 OnLost = Literal["Record", "StopWorkload"]
 CatchUpPolicy = Literal["None", "Latest", "All"]
 RepeatedTime = Literal["Twice", "Once"]
+SkippedTime = Literal["Skip", "RunAtNextMinute"]
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,11 @@ class CatchUpSpec:
 @dataclass(frozen=True)
 class DstPolicy:
     """spec.dstPolicy (docs/design.md, "Daylight-saving policy"); the default is what the
-    CronJob controller does: a wall time the clock shows twice runs twice."""
+    CronJob controller does: a wall time the clock shows twice runs twice, one it skips
+    does not run."""
 
     repeated_time: RepeatedTime = "Twice"
+    skipped_time: SkippedTime = "Skip"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from guardedcron.spec.model import (
     ParsedSpec,
     RepeatedTime,
     SecretKeyRef,
+    SkippedTime,
 )
 from guardedcron.spec.reserved import (
     RESERVED_CONTAINER_NAMES,
@@ -299,7 +300,13 @@ def _read_dst_policy(r: _Reader, spec: Mapping[str, Any], time_zone: str | None
         r.problem(f"{path}.repeatedTime",
                   f"must be one of {', '.join(get_args(RepeatedTime))}, not {repeated!r}")
         return None
-    chosen = DstPolicy(repeated_time=cast(RepeatedTime, repeated))
+    skipped = policy.get("skippedTime", default.skipped_time)
+    if skipped not in get_args(SkippedTime):
+        r.problem(f"{path}.skippedTime",
+                  f"must be one of {', '.join(get_args(SkippedTime))}, not {skipped!r}")
+        return None
+    chosen = DstPolicy(repeated_time=cast(RepeatedTime, repeated),
+                       skipped_time=cast(SkippedTime, skipped))
     if chosen != default and time_zone is None:
         r.problem(path, "needs spec.timeZone: without it the schedule is read in UTC, whose "
                   "clock is never set back or forward, so there is nothing to decide")

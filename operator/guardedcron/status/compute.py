@@ -33,12 +33,14 @@ _Condition = tuple[str, cond.ConditionStatus, str, str]
 
 @dataclass(frozen=True)
 class SchedulingStatus:
-    """What the pass decided about catch-up, backfill and suspension after failures
-    (status/catchup.py, backfill.py, suspension.py), for status to show."""
+    """What the pass decided about catch-up, backfill, skipped wall times and suspension
+    after failures (status/catchup.py, backfill.py, skipped.py, suspension.py), for status
+    to show."""
 
     catch_up: Mapping[str, Any] | None = None  # status.catchUp
     backfill: Mapping[str, Any] | None = None  # status.backfill
     failures: Mapping[str, Any] | None = None  # status.failures
+    skipped_time: Mapping[str, Any] | None = None  # status.skippedTime
     suspended_for_failures: bool = False
     failed_runs: tuple[str, ...] = ()
 
@@ -51,7 +53,7 @@ def scheduling_of(previous: Mapping[str, Any]) -> SchedulingStatus:
     failures = item("failures") or {}
     return SchedulingStatus(
         catch_up=item("catchUp"), backfill=item("backfill"), failures=item("failures"),
-        suspended_for_failures=failures.get("suspended") is True,
+        skipped_time=item("skippedTime"), suspended_for_failures=failures.get("suspended") is True,
         failed_runs=tuple(j for j in failures.get("failedRuns") or () if isinstance(j, str)))
 
 
@@ -112,7 +114,7 @@ def compute_status(
     if cronjob is not None:
         status["cronJobRef"] = {"name": str(get_path(cronjob, "metadata", "name") or "")}
     for key, value in (("catchUp", scheduling.catch_up), ("backfill", scheduling.backfill),
-                       ("failures", scheduling.failures)):
+                       ("failures", scheduling.failures), ("skippedTime", scheduling.skipped_time)):
         if value:
             status[key] = dict(value)
     if parsed is not None and parsed.spec.schedule_text != parsed.spec.written_schedule:

@@ -54,6 +54,8 @@ class EventReason(StrEnum):
     MAKE_UP_RUN_FAILED = "MakeUpRunFailed"
     BACKFILL_STARTED = "BackfillStarted"
     BACKFILL_RUN_CREATED = "BackfillRunCreated"
+    # A wall time the clock skipped, run at the next minute (spec.dstPolicy.skippedTime).
+    SKIPPED_TIME_RUN_CREATED = "SkippedTimeRunCreated"
     BACKFILL_COMPLETED = "BackfillCompleted"
     BACKFILL_STOPPED = "BackfillStopped"
     BACKFILL_REFUSED = "BackfillRefused"
