@@ -121,6 +121,39 @@ def test_kubeconfig_mistakes_are_one_line_without_the_secret(tmp_path: Path) -> 
     assert absent.stderr.startswith(f"guardedcron trigger: no kubeconfig at {tmp_path / 'absent'}")
 
 
+# Root reads any file: the command runs without the two capabilities that let it, so
+# the kernel refuses it as it refuses any other user.
+AS_A_USER = (["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+              "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else [])
+
+
+@pytest.mark.parametrize("command", [["guardedcron", "trigger", "nightly"], ["kubectl-gcj", "runs"],
+                                     ["kubectl-gcj", "render", "-f", os.devnull]],
+                         ids=["trigger", "kubectl gcj runs", "kubectl gcj render"])
+def test_a_kubeconfig_this_user_may_not_read_is_one_line_naming_it(
+        tmp_path: Path, command: list[str]) -> None:
+    unreadable = kubeconfig(tmp_path / "unreadable", {"token": "t"})
+    unreadable.chmod(0)
+    shut = tmp_path / "shut"
+    shut.mkdir()
+    behind = kubeconfig(shut / "config", {"token": "t"})
+    shut.chmod(0)
+    prog = " ".join(command[:2]).replace("kubectl-gcj", "kubectl gcj")
+    try:
+        merged = {"KUBECONFIG": f"{tmp_path}/absent:{behind}"}  # the first file is skipped, as kubectl does
+        for path, env in ((unreadable, {}), (behind, {}), (None, merged)):
+            flags = [] if path is None else ["--kubeconfig", str(path)]
+            executable = str(Path(GUARDEDCRON).parent / command[0])
+            result = subprocess.run([*AS_A_USER, executable, *command[1:], *flags], capture_output=True,
+                                    text=True, env={**os.environ, **env}, timeout=60, check=False)
+            assert result.returncode == contract.EXIT_USAGE, result
+            assert result.stderr == (f"{prog}: cannot read the kubeconfig {path or behind}: permission "
+                                     "denied for this user (set --kubeconfig or $KUBECONFIG to one it can "
+                                     "read)\n"), result
+    finally:
+        shut.chmod(0o700)
+
+
 def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

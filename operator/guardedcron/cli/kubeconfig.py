@@ -66,7 +66,23 @@ def kubeconfig_paths(kubeconfig: str | None, env: Mapping[str, str]) -> str:
 
 
 def _existing(paths: str) -> bool:
-    return any(Path(p).expanduser().is_file() for p in paths.split(os.pathsep) if p)
+    """Whether any of the kubeconfig files is there. One that is there but cannot be read
+    (its mode, or a folder on its path this user may not enter) is bad input naming it,
+    as kubectl stops there too, rather than a file passed over."""
+    found = False
+    for text in filter(None, paths.split(os.pathsep)):
+        path = Path(text).expanduser()
+        try:
+            if not path.is_file():
+                continue
+            with path.open("rb"):
+                found = True
+        except OSError as error:
+            reason = "permission denied for this user" if isinstance(error, PermissionError) \
+                else (error.strerror or type(error).__name__).lower()
+            raise KubeconfigError(f"cannot read the kubeconfig {str(path)[:200]}: {reason} "
+                                  f"(set --kubeconfig or ${ENV_KUBECONFIG} to one it can read)") from None
+    return found
 
 
 def connection_info(kubeconfig: str | None = None, context: str | None = None,
