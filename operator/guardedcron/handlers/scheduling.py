@@ -26,7 +26,7 @@ from guardedcron.objects import controlled_by, get_path, uid_of
 from guardedcron.spec import ParsedSpec
 from guardedcron.status import EventReason, RunEvent, RunRecord, SchedulingStatus
 from guardedcron.status import backfill as backfill_status
-from guardedcron.status.catchup import plan_catch_up
+from guardedcron.status.catchup import heartbeat_warning, plan_catch_up
 from guardedcron.status.skipped import POLICY as SKIPPED_TIME_POLICY
 from guardedcron.status.skipped import by_skipped_key, plan_skipped_times
 from guardedcron.status.suspension import SuspensionDecision, decide_suspension
@@ -99,6 +99,10 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     if suspension.note is not None:
         reason, message = suspension.note
         events.append(RunEvent(_NOTE_REASONS[reason], message, subject=message))
+    warning = heartbeat_warning(parsed)
+    generation = get_path(gcj, "metadata", "generation")
+    if warning is not None and memory.first_time(uid_of(gcj), f"catch-up-heartbeat\n{generation}"):
+        events.append(RunEvent(EventReason.CATCH_UP_WITHOUT_HEARTBEAT, warning, subject=warning))
 
     previous_catch_up = previous.get("catchUp") if isinstance(previous.get("catchUp"), Mapping) else None
     plan = plan_catch_up(parsed, runs=runs, created_at=created, last_schedule_time=parse_time(

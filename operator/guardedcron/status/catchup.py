@@ -50,6 +50,20 @@ class CatchUpPlan:
         return item or None
 
 
+def heartbeat_warning(parsed: ParsedSpec) -> str | None:
+    """Why catch-up of several slots will likely give most of them up, or None. Without
+    lease.heartbeat a run's lease lasts durationSeconds after it ends, so the attempt at
+    the next slot finds it held until its retries run out (docs/design.md, "One slot per
+    lease"). A warning, never a refusal: such objects were accepted before."""
+    spec = parsed.spec
+    if spec.catch_up.policy != "All" or spec.catch_up.max_runs <= 1 or spec.lease.heartbeat:
+        return None
+    return (f"catchUp.policy All with maxRuns {spec.catch_up.max_runs} needs lease.heartbeat: "
+            f"without it each make-up run holds the lease for durationSeconds "
+            f"({spec.lease.duration_seconds} s) after it ends, and the next missed slot's "
+            "attempts are turned away until they are given up")
+
+
 def plan_catch_up(parsed: ParsedSpec, *, runs: Iterable[RunRecord], created_at: datetime,
                   last_schedule_time: datetime | None, previous: Mapping[str, Any] | None,
                   busy: bool, suspended: bool, now: datetime) -> CatchUpPlan | None:

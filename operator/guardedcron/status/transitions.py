@@ -56,6 +56,8 @@ class EventReason(StrEnum):
     BACKFILL_RUN_CREATED = "BackfillRunCreated"
     # A wall time the clock skipped, run at the next minute (spec.dstPolicy.skippedTime).
     SKIPPED_TIME_RUN_CREATED = "SkippedTimeRunCreated"
+    # catchUp All with maxRuns above 1 but no lease.heartbeat (a warning, not a refusal).
+    CATCH_UP_WITHOUT_HEARTBEAT = "CatchUpWithoutHeartbeat"
     BACKFILL_COMPLETED = "BackfillCompleted"
     BACKFILL_STOPPED = "BackfillStopped"
     BACKFILL_REFUSED = "BackfillRefused"
@@ -80,7 +82,7 @@ WARNINGS = frozenset({
     EventReason.TRIGGER_FAILED, EventReason.WORKLOAD_STOPPED, EventReason.STOP_WORKLOAD_FAILED,
     EventReason.OUTCOME_NOT_RECORDED, EventReason.LOCK_NOT_ALLOWED, EventReason.LOCK_CHANGED,
     EventReason.MAKE_UP_RUN_FAILED, EventReason.BACKFILL_REFUSED, EventReason.BACKFILL_STOPPED,
-    EventReason.SUSPENDED_AFTER_FAILURES,
+    EventReason.SUSPENDED_AFTER_FAILURES, EventReason.CATCH_UP_WITHOUT_HEARTBEAT,
 })
 
 
