@@ -11,9 +11,13 @@ import base64
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ import pytest
 
 from guardedcron import contract
 from guardedcron.cli.kubeconfig import ENV_LOGIN_TIMEOUT, KubeconfigError, connection_info, context_namespace
+from guardedcron_devenv.pki import KeyPair, build_ca_command, build_leaf_command
 
 GUARDEDCRON = str(Path(sys.executable).parent / "guardedcron")
 EXEC_API = "client.authentication.k8s.io/v1"
@@ -181,3 +186,82 @@ def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used(
     # Outside a pod, with no kubeconfig either: one line naming both.
     with pytest.raises(KubeconfigError, match=r"no kubeconfig at ~/.kube/config .* not in a pod"):
         connection_info(env={})
+
+
+# --- tls-server-name: a real TLS server whose certificate names neither 127.0.0.1 nor localhost
+SERVER_NAME = "api.guardedcron.test"
+RUN = {"job": "nightly-29345678", "outcome": "Succeeded", "fence": 7}
+
+
+class _Api(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"apiVersion": "guardedcron.io/v1alpha1", "kind": "GuardedCronJob",
+                           "metadata": {"name": "nightly", "namespace": "team-a"},
+                           "status": {"recentRuns": [RUN]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the test reads the answers, not the server's log."""
+
+
+@pytest.fixture
+def tls_api(tmp_path: Path) -> Iterator[tuple[str, Path, list[str | None]]]:
+    """An HTTPS server on 127.0.0.1 with a certificate for SERVER_NAME only (made as the
+    devenv makes the control plane's): its URL, its CA and the SNI names it was sent."""
+    ca = KeyPair(tmp_path / "ca.crt", tmp_path / "ca.key")
+    leaf = KeyPair(tmp_path / "api.crt", tmp_path / "api.key")
+    for command in (build_ca_command(ca, "test-ca"),
+                    build_leaf_command(leaf, ca, "/CN=api", "serverAuth", (f"DNS:{SERVER_NAME}",))):
+        subprocess.run(command, capture_output=True, check=True, timeout=60)
+    sent: list[str | None] = []
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(leaf.cert, leaf.key)
+
+    def record(_sock: ssl.SSLObject, name: str | None, _context: ssl.SSLContext) -> None:
+        sent.append(name)
+
+    context.sni_callback = record
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}", ca.cert, sent
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_tls_server_name_is_sent_and_checked(tls_api: tuple[str, Path, list[str | None]],
+                                             tmp_path: Path) -> None:
+    url, ca, sent = tls_api
+
+    def runs(server_name: str | None) -> subprocess.CompletedProcess[str]:
+        cluster: dict[str, Any] = {"server": url, "certificate-authority": str(ca)}
+        if server_name is not None:
+            cluster["tls-server-name"] = server_name
+        config = kubeconfig(tmp_path / "config", {"token": "t"})
+        document = json.loads(config.read_text())
+        document["clusters"] = [{"name": "c", "cluster": cluster}]
+        config.write_text(json.dumps(document))
+        return subprocess.run([str(Path(GUARDEDCRON).parent / "kubectl-gcj"), "runs", "nightly", "-o", "json",
+                               "--kubeconfig", str(config)], capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    named = runs(SERVER_NAME)
+    assert named.returncode == 0, named
+    assert json.loads(named.stdout)["items"] == [{"namespace": "team-a", "guardedCronJob": "nightly", **RUN}]
+    assert sent == [SERVER_NAME]
+    # Without it the certificate does not name the address: refused, as kubectl refuses it.
+    unnamed = runs(None)
+    assert unnamed.returncode == contract.EXIT_UNAVAILABLE, unnamed
+    assert "certificate" in unnamed.stderr and "127.0.0.1" in unnamed.stderr
+    # A name the certificate does not carry is refused too: the name is checked, not only sent.
+    wrong = runs("other.guardedcron.test")
+    assert wrong.returncode == contract.EXIT_UNAVAILABLE, wrong
+    assert "other.guardedcron.test" in wrong.stderr

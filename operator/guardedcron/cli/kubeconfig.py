@@ -37,6 +37,7 @@ import kopf
 import yaml
 
 from guardedcron.contract import EXIT_FAILURE, EXIT_UNAVAILABLE, EXIT_USAGE
+from guardedcron.kube.credentials import ClusterLogin
 
 ENV_KUBECONFIG = "KUBECONFIG"
 ENV_LOGIN_TIMEOUT = "GUARDEDCRON_LOGIN_TIMEOUT_SECONDS"
@@ -217,7 +218,7 @@ def _as_connection_info(configuration: Any, namespace: str) -> kopf.ConnectionIn
     if header:
         scheme, _, token = str(header).partition(" ")
         scheme = "Bearer" if scheme.lower() == "bearer" else scheme
-    return kopf.ConnectionInfo(
+    return ClusterLogin(
         server=configuration.host,
         ca_path=configuration.ssl_ca_cert or None,
         insecure=not configuration.verify_ssl,
@@ -227,6 +228,7 @@ def _as_connection_info(configuration: Any, namespace: str) -> kopf.ConnectionIn
         private_key_path=configuration.key_file or None,
         default_namespace=namespace,
         proxy_url=configuration.proxy or None,
+        tls_server_name=configuration.tls_server_name or None,
     )
 
 

@@ -19,6 +19,7 @@ import aiohttp
 import kopf
 
 from guardedcron import __version__, contract
+from guardedcron.kube.credentials import tls_server_name
 from guardedcron.kube.errors import ApiError, ApiUnreachable, Unauthorized, error_from_response
 from guardedcron.kube.resources import Resource
 
@@ -165,9 +166,10 @@ class KubeClient:
         while True:
             session = await self._session_now()
             url = self._info.server.rstrip("/") + path if self._info is not None else path
+            server_name = tls_server_name(self._info) if self._info is not None else None
             try:
-                async with session.request(method, url, params=params, data=data,
-                                           headers=headers) as response:
+                async with session.request(method, url, params=params, data=data, headers=headers,
+                                           server_hostname=server_name) as response:
                     text = await response.text()
                     status = response.status
                     retry_after = response.headers.get("Retry-After")

@@ -10,6 +10,9 @@ Inside a pod the API server is addressed as client-go does it: by the
 container, not by the name `kubernetes.default.svc` that kopf's helper uses, which needs
 cluster DNS and a pod DNS policy that reaches it (a host-network pod, or a cluster
 without DNS, has neither; the real-node tier runs without DNS and found this).
+
+The CLI's logins (guardedcron.cli.kubeconfig) give a `ClusterLogin`: kopf's
+`ConnectionInfo` and the one kubeconfig setting it has no field for, `tls-server-name`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,20 @@ import os
 from collections.abc import Mapping
 
 import kopf
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterLogin(kopf.ConnectionInfo):
+    """`tls_server_name`: the name sent as SNI and checked against the API server's
+    certificate instead of the server URL's host (a kubeconfig's `tls-server-name`, for
+    an API server reached by an address its certificate does not name)."""
+
+    tls_server_name: str | None = None
+
+
+def tls_server_name(info: kopf.ConnectionInfo) -> str | None:
+    """The name the server's certificate must carry when it is not the URL's host."""
+    return info.tls_server_name if isinstance(info, ClusterLogin) else None
 
 
 async def discover_credentials(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
