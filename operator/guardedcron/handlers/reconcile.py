@@ -22,6 +22,7 @@ import kopf
 from guardedcron import contract
 from guardedcron.builders import build_cronjob
 from guardedcron.handlers.context import OperatorContext
+from guardedcron.handlers.handled import HandledEssences, ProgressAnnotations
 from guardedcron.handlers.lease_loss import stop_lost_workloads
 from guardedcron.handlers.locks import (
     delete_if_lock_forbidden,
@@ -318,13 +319,14 @@ def _listed_and_seen(event_type: str | None, uid: str, context: OperatorContext,
     return bool(indexed) and max(indexed) <= started
 
 
-def forget_deleted(event: Mapping[str, Any], *, context: OperatorContext) -> None:
+def forget_deleted(event: Mapping[str, Any], *, context: OperatorContext, handled: HandledEssences) -> None:
     """Drop what the operator keeps about a deleted GuardedCronJob (lock, last status,
-    metric series)."""
+    metric series, the essence kopf last handled)."""
     if event.get("type") == "DELETED":
         body = event["object"]
         namespace, name = gcj_key(body)
         context.memory.forget(uid_of(body))
+        handled.forget(body)
         forget_metrics(context.metrics, namespace=namespace, name=name)
 
 
@@ -336,15 +338,15 @@ async def login(client: KubeClient, settings: kopf.OperatorSettings) -> kopf.Con
     return info
 
 
-def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool) -> None:
-    # kopf keeps its own bookkeeping (the last handled spec, retry counts) in annotations
-    # under contract.KOPF_ANNOTATION_PREFIX: not under guardedcron.io/, whose annotations
-    # (the manual trigger) must stay visible to kopf as changes, and not in .status, which
-    # the CRD's schema would prune and the operator writes only when its own fields change.
+def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool, handled: HandledEssences) -> None:
+    # kopf keeps its retry counts in annotations under contract.KOPF_ANNOTATION_PREFIX:
+    # not under guardedcron.io/, whose annotations (the manual trigger) must stay visible
+    # to kopf as changes, and not in .status, which the CRD's schema would prune and the
+    # operator writes only when its own fields change. The last handled essence stays in
+    # memory (handlers/handled.py): no write of its own per create or change.
     prefix = contract.KOPF_ANNOTATION_PREFIX
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=prefix, key="last-handled-configuration")
+    settings.persistence.progress_storage = ProgressAnnotations(prefix=prefix)
+    settings.persistence.diffbase_storage = handled
     # Warnings and errors of a GuardedCronJob's logger become Events on it (`kubectl
     # describe`); info would be a write per pass. The pass warns only when status changes.
     settings.posting.loggers = True

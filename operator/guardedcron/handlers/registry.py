@@ -20,6 +20,7 @@ import kopf
 from guardedcron import contract
 from guardedcron.handlers import observe, reconcile, scheduling
 from guardedcron.handlers.context import OperatorContext
+from guardedcron.handlers.handled import HandledEssences
 from guardedcron.handlers.observe import Key, Packed
 
 GCJ = (contract.API_GROUP, contract.API_VERSION, contract.PLURAL)
@@ -34,6 +35,7 @@ def _deleted(*, event: kopf.RawEvent, **_: Any) -> bool:
 def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     client = context.client
+    handled = HandledEssences()  # kopf's last handled essences, this registry's own
 
     @kopf.on.login(id="login", registry=registry)
     async def login(*, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
@@ -41,7 +43,7 @@ def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(id="configure", registry=registry)
     async def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
-        reconcile.configure_kopf(settings, namespaced=bool(context.settings.namespaces))
+        reconcile.configure_kopf(settings, namespaced=bool(context.settings.namespaces), handled=handled)
 
     @kopf.on.cleanup(id="close", registry=registry)
     async def close(**_: Any) -> None:
@@ -84,7 +86,7 @@ def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
 
     @kopf.on.event(*GCJ, id="forget_deleted", registry=registry, when=_deleted)
     async def forget_deleted(*, event: kopf.RawEvent, **_: Any) -> None:
-        reconcile.forget_deleted(event, context=context)
+        reconcile.forget_deleted(event, context=context, handled=handled)
 
     @kopf.on.event("batch", "v1", "cronjobs", id="repair_cronjob", labels=OWNED, registry=registry)
     async def repair_cronjob(*, event: kopf.RawEvent, logger: kopf.Logger, **kw: Any) -> None:
