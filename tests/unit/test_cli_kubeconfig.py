@@ -126,6 +126,18 @@ def test_kubeconfig_mistakes_are_one_line_without_the_secret(tmp_path: Path) -> 
     assert absent.stderr.startswith(f"guardedcron trigger: no kubeconfig at {tmp_path / 'absent'}")
 
 
+@pytest.mark.parametrize("text", ["hi", "[1, 2]", "clusters: 5",
+                                  "current-context: c\ncontexts: [{name: c, context: 7}]"])
+def test_a_kubeconfig_of_the_wrong_shape_is_one_line_saying_so(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "config"
+    path.write_text(text + "\n")
+    result = trigger(path)
+    assert result.returncode == contract.EXIT_USAGE, result
+    assert result.stderr.startswith("guardedcron trigger: the kubeconfig is not shaped like one (a YAML "
+                                    "mapping with clusters, users and contexts lists): ")
+    assert len(result.stderr.splitlines()) == 1
+
+
 # Root reads any file: the command runs without the two capabilities that let it, so
 # the kernel refuses it as it refuses any other user.
 AS_A_USER = (["setpriv", "--inh-caps=-dac_override,-dac_read_search",

@@ -255,7 +255,11 @@ def _loader_errors() -> Iterator[None]:
         raise KubeconfigError(f"the kubeconfig is not valid YAML{at}") from None
     except ConfigException as error:
         raise KubeconfigError(f"the kubeconfig cannot be used: {clean(str(error))}") from None
-    except (OSError, KeyError, TypeError, ValueError, AttributeError) as error:
+    except (KeyError, TypeError, AttributeError) as error:  # the loader indexing a wrong shape
+        raise KubeconfigError("the kubeconfig is not shaped like one (a YAML mapping with "
+                              f"clusters, users and contexts lists): {type(error).__name__}: "
+                              f"{clean(str(error))}") from None
+    except (OSError, ValueError) as error:
         raise KubeconfigError(f"the kubeconfig cannot be used: {type(error).__name__}: "
                               f"{clean(str(error))}") from None
 
