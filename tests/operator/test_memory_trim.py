@@ -26,8 +26,8 @@ blocks = [bytes(300) for _ in range(300_000)]
 kept = blocks[::64]
 del blocks
 after_free = resident_mib()
-released = asyncio.run(trim_once(malloc_trim()))
-print(json.dumps({"freed_but_resident": after_free - baseline, "released": released}))
+before, after = asyncio.run(trim_once(malloc_trim()))
+print(json.dumps({"freed_but_resident": after_free - baseline, "released": before - after}))
 """
 
 

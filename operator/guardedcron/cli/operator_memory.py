@@ -9,10 +9,11 @@ records made during the peak are scattered through those arenas (docs/benchmarks
 (`ALLOCATOR_ENV`; the chart's Deployment sets it, since Python reads it only as it
 starts), with at most two arenas (otherwise up to one per thread and core, each keeping
 its own free memory). glibc returns free pages from inside its heap only when asked,
-by `malloc_trim`: `trim_periodically` asks every few seconds while that still gives
-memory back (the minutes after a start, as kopf's per-object workers end and drop the
-bodies), and once a minute after that. Each call runs in a worker thread, so the event
-loop is not held up while glibc walks its free lists.
+by `malloc_trim`: `trim_periodically` asks every few seconds while the memory moves
+(it grows through a start, then falls as kopf's per-object workers end and drop the
+bodies) or a trim still gives some back, and once a minute once it is steady. Each call
+runs in a worker thread, so the event loop is not held up while glibc walks its free
+lists.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from types import MappingProxyType
 # The operator's allocator; only the operator's container gets it (the guard, in the
 # same image, is a short process that pymalloc serves well).
 ALLOCATOR_ENV: Mapping[str, str] = MappingProxyType({"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"})
-TRIM_SECONDS = 5.0  # between trims while the last one gave memory back
-IDLE_TRIM_SECONDS = 60.0  # between trims once it did not
-WORTH_MIB = 1.0  # a trim that gave back less than this counts as having given nothing
+TRIM_SECONDS = 5.0  # between trims while the memory moves
+IDLE_TRIM_SECONDS = 60.0  # between trims once it is steady
+STEADY_MIB = 1.0  # moved less than this since the last trim, and a trim gave back less: steady
 
 logger = logging.getLogger("guardedcron.memory")
 Trim = Callable[[], object]
@@ -57,21 +58,23 @@ def resident_mib(statm: Path = Path("/proc/self/statm")) -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-async def trim_once(trim: Trim) -> float:
-    """Trim in a worker thread; the MiB of resident memory it gave back (logged)."""
+async def trim_once(trim: Trim) -> tuple[float, float]:
+    """Trim in a worker thread; resident MiB before and after (logged)."""
     before, started = resident_mib(), time.monotonic()
     await asyncio.to_thread(trim)
     after = resident_mib()
     logger.debug("malloc_trim: resident %.1f -> %.1f MiB in %.0f ms",
                  before, after, (time.monotonic() - started) * 1000)
-    return before - after
+    return before, after
 
 
 async def trim_periodically(trim: Trim, *, busy_seconds: float = TRIM_SECONDS,
                             idle_seconds: float = IDLE_TRIM_SECONDS) -> None:
-    """Trim every `busy_seconds` while a trim gives memory back, else every
-    `idle_seconds`; until cancelled."""
-    delay = busy_seconds
+    """Trim every `busy_seconds` while the memory moves, every `idle_seconds` once it is
+    steady; until cancelled."""
+    delay, last = busy_seconds, 0.0
     while True:
         await asyncio.sleep(delay)
-        delay = busy_seconds if await trim_once(trim) >= WORTH_MIB else idle_seconds
+        before, after = await trim_once(trim)
+        steady = abs(before - last) < STEADY_MIB and before - after < STEADY_MIB
+        delay, last = (idle_seconds if steady else busy_seconds), after
