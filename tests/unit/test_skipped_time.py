@@ -30,7 +30,7 @@ from guardedcron.schedule.dst import (
     slot_of,
 )
 from guardedcron.spec import ParsedSpec, parse_guarded_cronjob
-from guardedcron.status import Outcome, RunRecord, classify_run
+from guardedcron.status import Outcome, RunRecord, classify_run, status_changed, status_patch
 from guardedcron.status.skipped import by_skipped_key, plan_skipped_times
 from guardedcron.status.slots import RETRY_AFTER_SECONDS
 from guardedcron.status.times import format_time
@@ -257,3 +257,10 @@ def test_only_the_policy_that_runs_skipped_times_gets_the_timer_and_the_time_zon
     [guard] = [c for c in plain["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"]
                if c["name"] == contract.GUARD_CONTAINER]
     assert "--time-zone" not in guard["args"]
+
+
+def test_status_skipped_time_is_written_and_cleared_by_the_pass() -> None:
+    written = {"skippedTime": {"settledThrough": format_time(STOCKHOLM_JUMP)}}
+    assert status_changed({}, written)
+    assert status_patch({}, written) == written
+    assert status_patch(written, {}) == {"skippedTime": None}  # the policy was switched off

@@ -32,7 +32,7 @@ from guardedcron.status.transitions import EventReason, RunEvent, run_events
 STATUS_KEYS: Final = (
     "observedGeneration", "conditions", "cronJobRef", "nextScheduleTime", "lastScheduleTime",
     "lastSuccessfulTime", "lastRun", "recentRuns", "runCounts", "lastTriggerToken",
-    "catchUp", "backfill", "failures", "resolvedSchedule",
+    "catchUp", "backfill", "failures", "resolvedSchedule", "skippedTime",
 )
 
 
