@@ -200,20 +200,11 @@ TENANCY_APPROACHES = (
         "tenant",
     ),
 )
-# Issue 13: schema 4 (count cut-off walked on every win) beside schema 5 (retention in
-# bounded batches), each with a short history and with the lock's history at its
-# 10,000-run cap, and the peers' patterns, on one server in one run.
+# Issue 13: schema 5 (retention in bounded batches) beside schema 6 (the same contract,
+# cheaper: no index on running runs, one statement per step), each with a short history and
+# with the lock's history at its 10,000-run cap, and the peers' patterns, on one server in one run.
 CAP = 10_000
 RETENTION_APPROACHES = (
-    Approach("schema 4: acquire_v2, short history", v2_acquire, v2_release, "release_v2", "schema4"),
-    Approach(
-        "schema 4: acquire_v2, history at its 10,000-run cap",
-        v2_acquire,
-        v2_release,
-        "release_v2",
-        "schema4",
-        history_rows=CAP,
-    ),
     Approach("schema 5: acquire_v2, short history", v2_acquire, v2_release, "release_v2", "schema5"),
     Approach(
         "schema 5: acquire_v2, history at its 10,000-run cap",
@@ -223,15 +214,24 @@ RETENTION_APPROACHES = (
         "schema5",
         history_rows=CAP,
     ),
+    Approach("schema 6: acquire_v2, short history", v2_acquire, v2_release, "release_v2", "schema6"),
+    Approach(
+        "schema 6: acquire_v2, history at its 10,000-run cap",
+        v2_acquire,
+        v2_release,
+        "release_v2",
+        "schema6",
+        history_rows=CAP,
+    ),
     Approach(
         "insert-then-update (ShedLock JDBC pattern)",
         shedlock_acquire,
         shedlock_release,
         "UPDATE lock_until",
-        "schema5",
+        "schema6",
     ),
-    Approach("pg_try_advisory_lock", advisory_acquire, advisory_release, "pg_advisory_unlock", "schema5"),
-    Approach("pg_try_advisory_xact_lock", xact_acquire, xact_release, "COMMIT", "schema5"),
+    Approach("pg_try_advisory_lock", advisory_acquire, advisory_release, "pg_advisory_unlock", "schema6"),
+    Approach("pg_try_advisory_xact_lock", xact_acquire, xact_release, "COMMIT", "schema6"),
 )
 PEER = "insert-then-update (ShedLock JDBC pattern)"
 # client_loop finds an approach by its index here (the contending processes are spawned).
@@ -658,13 +658,13 @@ def call_loop(call: str, count: int) -> bytes:
     return f"DO $$ BEGIN FOR i IN 1..{count} LOOP PERFORM {call}; END LOOP; END $$".encode()
 
 
-# --- issue 13: schema 4 beside schema 5, short history and at the cap, and the peers ------
+# --- issue 13: schema 5 beside schema 6, short history and at the cap, and the peers ------
 def run_retention(
     server: ThrowawayPostgres, *, seconds: float = 3.0, clients: int = 16, rounds: int = 2, costed: int = 1000
 ) -> list[Table]:
     """As run_tenancy: rounds in rotated order, medians and ranges; the superuser everywhere."""
     databases = {
-        key: schema_database(server, f"retention_{key}", int(key[-1])) for key in ("schema4", "schema5")
+        key: schema_database(server, f"retention_{key}", int(key[-1])) for key in ("schema5", "schema6")
     }
     first = len(APPROACHES) + len(TENANCY_APPROACHES)
     count = len(RETENTION_APPROACHES)
@@ -741,8 +741,8 @@ def run_retention(
             ms(percentile(pooled, 0.99)),
         )
     single.notes.append(
-        "Both databases are migrated from this tree's migration files (0001-0004 for schema 4, all for"
-        " schema 5) on one durable server; the peers' patterns run on the schema-5 database. Every approach"
+        "Both databases are migrated from this tree's migration files (0001-0005 for schema 5, all for"
+        " schema 6) on one durable server; the peers' patterns run on the schema-6 database. Every approach"
         " takes the lock and lets it go, two holders in turn (every acquisition is a takeover,"
         f" {LEASE:g} s leases for ours). At the cap, the lock's history holds {CAP:,} winning runs before"
         " the measurement, so every win pushes one out. Median of the rounds, (min-max); latency"
@@ -758,23 +758,112 @@ def run_retention(
     return [single, contended]
 
 
+# --- issue 13: where an acquisition's server time goes, statement by statement -----------
+def run_profile(server: ThrowawayPostgres, *, cycles: int = 1500) -> list[Table]:
+    """Schema 5 beside schema 6, short history and at the cap: every statement the functions run.
+
+    Needs a server with pg_stat_statements tracking nested statements and planning
+    (`profile_server`). One client, a takeover every call (acquire, then release), after a
+    warm-up of 200 cycles and a CHECKPOINT: per acquisition, each statement's execution and
+    planning ms, shared buffers, WAL bytes and records; and how many updates of `runs` were HOT.
+    """
+    tables = []
+    databases = {
+        key: schema_database(server, f"profile_{key}", int(key[-1])) for key in ("schema5", "schema6")
+    }
+    for approach in RETENTION_APPROACHES[:4]:
+        dsn, dbname = databases[approach.schema], f"profile_{approach.schema}"
+        reset_lock(dsn, approach)
+        with connect(dsn) as conn:
+            for cycle in range(200 + cycles):
+                if cycle == 200:
+                    conn.execute("CHECKPOINT")
+                    conn.execute("SELECT pg_stat_statements_reset()")
+                    conn.execute("SELECT pg_stat_reset()")
+                    before = wal_lsn(conn)
+                holder = f"h{cycle % 2}"
+                fence = v2_acquire(conn, holder, LEASE)
+                assert fence is not None
+                v2_release(conn, holder, fence)
+            wal = (wal_lsn(conn) - before) / cycles
+            rows = conn.execute(
+                "SELECT s.toplevel, s.calls, s.total_exec_time, s.total_plan_time,"
+                " s.shared_blks_hit + s.shared_blks_read, s.wal_bytes, s.wal_records,"
+                " left(regexp_replace(s.query, '\\s+', ' ', 'g'), 70)"
+                " FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
+                " WHERE d.datname = %s AND s.calls >= %s ORDER BY s.toplevel DESC, s.total_exec_time DESC",
+                (dbname, cycles),
+            ).fetchall()
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            updates = conn.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                " WHERE relid = 'guardedcron.runs'::regclass"
+            ).fetchone()
+            assert updates is not None
+        table = Table(
+            f"Issue 13 profile: {approach.name} ({cycles:,} takeovers; WAL {wal:,.0f} bytes per acquire"
+            f" and release; updates of runs: {updates[0]:,}, HOT {updates[1]:,})",
+            [
+                "statement (nested ones indented)",
+                "calls per cycle",
+                "exec ms",
+                "plan ms",
+                "buffers",
+                "WAL bytes",
+                "WAL records",
+            ],
+        )
+        for top, calls, exec_ms, plan_ms, blocks, wal_bytes, records, text in rows:
+            table.add(
+                ("" if top else "&nbsp;&nbsp;") + f"`{text.replace('|', '/')}`",
+                f"{calls / cycles:g}",
+                f"{exec_ms / cycles:.3f}",
+                f"{plan_ms / cycles:.3f}",
+                f"{blocks / cycles:.1f}",
+                f"{float(wal_bytes) / cycles:.0f}",
+                f"{records / cycles:.2f}",
+            )
+        table.notes.append(
+            "Per cycle (one acquire and one release). pg_stat_statements with track = all and"
+            " track_planning: a nested statement's time is inside its caller's; the tracking itself"
+            " costs every statement a little."
+        )
+        tables.append(table)
+    return tables
+
+
+def profile_server() -> ThrowawayPostgres:
+    return ThrowawayPostgres(
+        durable=True,
+        settings=[
+            ("shared_preload_libraries", "'pg_stat_statements'"),
+            ("pg_stat_statements.track", "all"),
+            ("pg_stat_statements.track_planning", "on"),
+        ],
+    )
+
+
 def main() -> int:
     import argparse
 
     from bench.common import durable_server, machine_line
 
     parser = argparse.ArgumentParser(
-        description="Lease acquisition: schema 3 beside 4 (issue 11, 'tenancy'), or schema 4 beside 5"
-        " and the peers' patterns (issue 13, 'retention')"
+        description="Lease acquisition: schema 3 beside 4 (issue 11, 'tenancy'), or schema 5 beside 6"
+        " and the peers' patterns (issue 13, 'retention'), or schema 5 and 6 statement by statement"
+        " (issue 13, 'profile')"
     )
-    parser.add_argument("--section", choices=("tenancy", "retention"), default="tenancy")
+    parser.add_argument("--section", choices=("tenancy", "retention", "profile"), default="tenancy")
     parser.add_argument("--seconds", type=float, help="per measurement (4 tenancy, 3 retention)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--rounds", type=int, help="3 tenancy, 2 retention")
     args = parser.parse_args()
-    with durable_server() as server:
+    with profile_server() if args.section == "profile" else durable_server() as server:
         print(machine_line(server) + "\n")
-        if args.section == "tenancy":
+        if args.section == "profile":
+            tables = run_profile(server)
+        elif args.section == "tenancy":
             tables = run_tenancy(
                 server, seconds=args.seconds or 4.0, clients=args.clients, rounds=args.rounds or 3
             )

@@ -67,7 +67,8 @@ def test_no_index_of_runs_reads_what_a_run_s_end_changes(dsn: str) -> None:
         definitions = [
             str(row[0])
             for row in conn.execute(
-                "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'guardedcron.runs'::regclass"
+                "SELECT pg_get_indexdef(indexrelid) FROM pg_index"
+                " WHERE indrelid = 'guardedcron.runs'::regclass"
             )
         ]
     assert len(definitions) == 6, definitions  # id, and 5 for the readers (docs/design.md "Schema")
