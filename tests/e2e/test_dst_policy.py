@@ -1,4 +1,4 @@
-"""dstPolicy.repeatedTime on a real control plane, across a real clock change.
+"""dstPolicy.repeatedTime and skippedTime on a real control plane, across real clock changes.
 
 The CronJob controller and the API server are Go programs: libfaketime does not move
 their clock, but Go reads time zones from $ZONEINFO first. So this module compiles
@@ -9,26 +9,39 @@ reads the same file through $PYTHONTZPATH. Two CronJobs rendered by `guardedcron
 render` fire every minute in that zone: with repeatedTime Twice both showings of the two
 repeated wall-clock minutes run (as CronJobs do), with Once the second showings find
 their slot claimed and are skipped; the minute after runs again.
+
+For skippedTime a second zone, `Guardedcron/Spring`, jumps two minutes ahead a few
+minutes from now, and the operator itself runs (as the chart would, its zone files on
+$PYTHONTZPATH, as an image's tzdata): the wall minute the jump skips runs at the first
+minute after it with RunAtNextMinute, exactly once for two GuardedCronJobs sharing a
+lock, and not at all with Skip; the schedule's own minute right after the jump runs too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 import subprocess
 import time
 import zoneinfo
-from collections.abc import Iterator
-from datetime import UTC, datetime
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from guardedcron import contract
-from guardedcron.schedule.dst import slot_of, slot_time
+from guardedcron.schedule.dst import skipped_time_slot, slot_of, slot_time
+from guardedcron.status.times import format_time
 from guardedcron_devenv.binaries import Paths
 from guardedcron_devenv.controlplane import ControlPlane
+from guardedcron_devenv.kubelet import Image
+from tests.e2e import harness
 from tests.e2e.harness import (
+    FAILURE_LOGS,
+    GUARD_IMAGE,
     Cluster,
     Scenario,
     WorkDb,
@@ -39,6 +52,8 @@ from tests.e2e.harness import (
     termination_json,
     wait_for,
 )
+from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.test_operator import create_gcj, status_of, wait_cronjob, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -147,3 +162,125 @@ def test_repeated_wall_minutes_run_once_with_once_and_twice_with_twice(
         ran = sorted(run["slot"] for run in e2e_db.guard_runs(jobs["once"])
                      if run["outcome"] != "skipped" and first[0] <= run["slot"] <= after)
         assert ran == [*first, after], ran
+
+
+# --- skippedTime -------------------------------------------------------------------------
+
+SPRING_ZONE = "Guardedcron/Spring"
+JUMP_MINUTES = 2
+# From the jump until both RunAtNextMinute objects have settled the skipped minute: the
+# schedule's own run at the jump (a few seconds), a timer pass (60 s), and the retries of
+# an attempt that found the shared lease held (30 s, then 60 s), with room for a loaded
+# machine.
+SETTLE_SECONDS = 420
+# The keeper releases the lease when a run ends; a keeper stopped before it started (a
+# run of a second) cannot, and the lease then lasts durationSeconds: short, so that the
+# skipped minute's retries are not all turned away by it.
+SPRING_LEASE = {"heartbeat": True, "durationSeconds": 30}
+
+
+def compile_spring_zone(zone_dir: Path, jump_at: datetime) -> None:
+    """`SPRING_ZONE`: UTC until `jump_at`, UTC+0:02 from then on, so the two wall-clock
+    minutes from `jump_at` on are never shown."""
+    zic = shutil.which("zic") or "/usr/sbin/zic"
+    source = zone_dir / "spring.zi"
+    source.write_text(f"Zone {SPRING_ZONE} 0:00 - GCW {jump_at:%Y %b %d %H:%M}u\n"
+                      f"{' ' * (len(SPRING_ZONE) + 6)}0:0{JUMP_MINUTES} - GCS\n")
+    result = subprocess.run([zic, "-b", "fat", "-d", str(zone_dir), str(source)],
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 0, f"{zic} failed: {result.stderr}"
+
+
+def zoned_images(zone_dir: Path) -> Any:
+    """harness.images with the guard image carrying the test's zone files, as a real
+    image carries tzdata (the guard checks the skipped time's key against the zone)."""
+    plain = harness.images
+
+    def images(guard_images: Sequence[str] = ()) -> dict[str, Image]:
+        found = plain(guard_images)
+        for name in (GUARD_IMAGE, *guard_images):
+            found[name] = dataclasses.replace(found[name], env={
+                **found[name].env, "PYTHONTZPATH": python_zone(zone_dir)})
+        return found
+
+    return images
+
+
+# The operator's start (at most 90 s), the lead, the jump, SETTLE_SECONDS and the last
+# checks: at most 15 minutes.
+@pytest.mark.timeout(900)
+def test_a_skipped_wall_minute_runs_once_at_the_next_minute_only_when_asked(
+        fold_plane: ControlPlane, zone_dir: Path, e2e_db: WorkDb,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cluster = Cluster("dst", fold_plane, e2e_db.dsn)
+    cluster.apply_crds()
+    operator = OperatorProcess(cluster, tmp_path)
+    operator.chart_env["PYTHONTZPATH"] = python_zone(zone_dir)
+    entry = ("operator of dst (log tail)", operator.log_tail)
+    FAILURE_LOGS.append(entry)
+    monkeypatch.setattr(harness, "images", zoned_images(zone_dir))
+    try:
+        operator.install()
+        operator.start()
+        if time.time() % 60 > 40:  # create early in a minute: the lead is whole minutes
+            time.sleep(61 - time.time() % 60)
+        jump = slot_of(datetime.now(UTC)) + LEAD_MINUTES  # the first minute after the jump
+        jump_at = slot_time(jump)
+        compile_spring_zone(zone_dir, jump_at)
+        skipped_wall = jump_at.replace(tzinfo=None)  # the zone reads UTC until the jump
+        key = skipped_time_slot(skipped_wall)
+        after_jump = skipped_wall + timedelta(minutes=JUMP_MINUTES)  # the wall clock at `jump`
+        # The skipped minute and the first one after the jump; nothing else for an hour.
+        schedule = (f"{skipped_wall.minute},{after_jump.minute} "
+                    f"{skipped_wall.hour},{after_jump.hour} * * *")
+
+        with Scenario({"dst": cluster}, e2e_db, (operator.guard_image,)) as scenario:
+            namespace = scenario.namespace("spring", [cluster])
+            objects = {"skip": ("Skip", "skip"), "next-a": ("RunAtNextMinute", "shared"),
+                       "next-b": ("RunAtNextMinute", "shared")}
+            locks = {}
+            for name, (policy, lease) in objects.items():
+                gcj = guarded_cronjob(name, namespace, schedule=schedule,
+                                      lease={"name": lease, **SPRING_LEASE}, spec={
+                                          "timeZone": SPRING_ZONE,
+                                          "dstPolicy": {"skippedTime": policy}})
+                create_gcj(cluster, gcj)
+                locks[name] = lock_of(gcj)
+            for name in objects:
+                wait_cronjob(cluster, namespace, name=name)
+            assert slot_of(datetime.now(UTC)) < jump, "created too late for the jump"
+
+            due = (jump_at - datetime.now(UTC)).total_seconds()
+            for name in ("next-a", "next-b"):
+                wait_status(cluster, namespace, "the skipped minute settled", lambda s: (
+                    s.get("skippedTime") or {}).get("settledThrough") == format_time(jump_at),
+                    name=name, timeout=max(due, 0) + SETTLE_SECONDS)
+            for name in objects:  # the schedule's own minute at the jump, in each
+                cluster.wait_job_finished(namespace, slot_job_name(name, jump), timeout=FINISH_SECONDS)
+
+            # RunAtNextMinute: the skipped minute ran once for the shared lock, under its
+            # own key, and the schedule's minute at the jump ran too (a different slot).
+            won = [run["slot"] for run in e2e_db.guard_runs(locks["next-a"]) if run["outcome"] != "skipped"]
+            assert sorted(won) == [jump, key], won
+            found = {job["metadata"]["name"]: contract.attempt_of(job["metadata"]["name"])
+                     for job in cluster.jobs(namespace)}
+            attempts = [job for job in cluster.jobs(namespace) if found[job["metadata"]["name"]]]
+            assert {(a[0], a[1]) for a in found.values() if a is not None} == {
+                (key, contract.RUN_KIND_SKIPPED_TIME)}, sorted(found)
+            assert {job["metadata"]["name"].rsplit("-", 2)[0] for job in attempts} <= {"next-a", "next-b"}
+            winners = [termination_json(cluster.pod_of(namespace, job["metadata"]["name"]),
+                                        contract.GUARD_CONTAINER) for job in attempts
+                       if job_finished(job) == "Complete"]
+            assert [(w["outcome"], w["slot"]) for w in winners] == [("acquired", key)], winners
+            assert {(row.dedupe_key, row.fence) for row in e2e_db.work(locks["next-a"])
+                    if row.dedupe_key.startswith(f"{key}:")} == {
+                (f"{key}:{item}", winners[0]["fence"]) for item in (1, 2, 3)}
+            # Skip: the skipped minute never ran, the minute at the jump did.
+            skip_runs = [run["slot"] for run in e2e_db.guard_runs(locks["skip"])]
+            assert skip_runs == [jump], skip_runs
+            assert status_of(cluster, namespace, "skip").get("skippedTime") is None
+            events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)
+            assert any(e["reason"] == "SkippedTimeRunCreated" for e in events["items"]), events
+    finally:
+        operator.stop()
+        FAILURE_LOGS.remove(entry)
