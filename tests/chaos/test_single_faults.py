@@ -142,10 +142,27 @@ def run_outcomes(dsn: str) -> list[tuple[str, str]]:
     return [(str(h), str(o)) for h, o in rows]
 
 
+def wait_for_lease_to_run_out(dsn: str, lock: str, limit: float = 30) -> None:
+    """Until the database's clock is past the lock's lease (a killed holder releases nothing)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with admin(dsn) as conn:
+            row = conn.execute(
+                "SELECT locked_until <= clock_timestamp() FROM guardedcron.leases WHERE lock_name = %s",
+                (lock,),
+            ).fetchone()
+        if row is None or row[0]:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the lease of {lock!r} still held after {limit} s")
+
+
 def test_a_killed_holder_is_resumed_from_the_outstanding_work(chaos_dsn: str, tmp_path: Path) -> None:
     with admin(chaos_dsn) as conn:
         enqueue(conn, "job", 12)
-    first = spawn(chaos_dsn, "job", "first", 1.0, tmp_path / "first")
+    # A 5 s lease: the next contender is a new Python process, which takes up to a few
+    # seconds to reach the database on a loaded machine; it must still find the lease held.
+    first = spawn(chaos_dsn, "job", "first", 5.0, tmp_path / "first")
     wait_for_progress(tmp_path / "first", 2, first)
     first.send_signal(signal.SIGKILL)
     first.wait()
@@ -153,7 +170,7 @@ def test_a_killed_holder_is_resumed_from_the_outstanding_work(chaos_dsn: str, tm
     # While its lease lasts nobody else runs; once it has run out, the next run finishes the work.
     early = spawn(chaos_dsn, "job", "early", 1.0, tmp_path / "early")
     assert early.wait(timeout=30) == 75
-    time.sleep(1.0)
+    wait_for_lease_to_run_out(chaos_dsn, "job")
     second = spawn(chaos_dsn, "job", "second", 1.0, tmp_path / "second")
     assert second.wait(timeout=60) == 0
     found = findings(chaos_dsn)
