@@ -110,6 +110,13 @@ RUN_DIR: Final = "/var/run/guardedcron"
 FENCE_FILE: Final = "fence"  # the integer fencing token alone
 LEASE_FILE: Final = "lease.json"  # lock, holder, fence, slot, locked_until
 LOST_FILE: Final = "lost"  # written by the keeper when the lease was lost
+# Written by the keeper once SIGTERM would make it release the lease; the keeper's
+# startupProbe waits for it, so no workload container starts before then (a workload
+# that ended while the keeper was still starting left the lease held to its end).
+KEEPER_READY_FILE: Final = "keeper-ready"
+# The kubelet probes for it every second, this many times, before it restarts the keeper;
+# the workload waits meanwhile (docs/design.md, "The keeper's start").
+KEEPER_STARTUP_PROBES: Final = 60
 
 # Where Kubernetes reads a container's termination message from.
 TERMINATION_LOG: Final = "/dev/termination-log"

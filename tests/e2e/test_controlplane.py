@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from guardedcron_devenv.admin_api import AdminApi
 from guardedcron_devenv.controlplane import ControlPlane, KubectlError
+from guardedcron_devenv.kubelet import Image, ProcessKubelet
 
 pytestmark = pytest.mark.e2e
 
@@ -231,3 +233,43 @@ def test_rbac_confines_a_service_account_token(
     denied = as_reader("get", "secrets", "-n", namespace)
     assert denied.returncode != 0
     assert "forbidden" in denied.stderr.lower()
+
+
+def test_the_process_kubelet_starts_the_workload_once_a_sidecars_startup_probe_passes(
+    control_plane: ControlPlane,
+) -> None:
+    """The stand-in keeps the kubelet's order that the keeper's startupProbe relies on
+    (tests/node shows the real kubelet's): a sidecar whose probe passes only after 3 s
+    holds the main container back until then."""
+    namespace = fresh_namespace(control_plane)
+    plane = control_plane
+    api = AdminApi(plane.server, plane.ca_file, plane.admin_cert_file, plane.admin_key_file)
+    shared = [{"name": "run", "mountPath": "/run/shared"}]
+
+    def container(name: str, script: str, **extra: Any) -> dict[str, Any]:
+        return {"name": name, "image": "shell", "command": ["sh", "-c", script],
+                "volumeMounts": shared, **extra}  # fmt: skip
+
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "probed-sidecar", "namespace": namespace},
+           "spec": {"restartPolicy": "Never", "volumes": [{"name": "run", "emptyDir": {}}],
+                    "initContainers": [container(
+                        "sidecar", "sleep 3; touch /run/shared/ready; exec sleep 3600",
+                        restartPolicy="Always",
+                        startupProbe={"exec": {"command": ["test", "-e", "/run/shared/ready"]},
+                                      "periodSeconds": 1, "failureThreshold": 60})],
+                    "containers": [container("main", "test -e /run/shared/ready")]}}  # fmt: skip
+    with ProcessKubelet(api, {"shell": Image(entrypoint=["sh"])}, namespaces=[namespace],
+                        report=lambda line: None):
+        api.post(f"/api/v1/namespaces/{namespace}/pods", pod)
+
+        def finished() -> dict[str, Any] | None:
+            live: dict[str, Any] = api.get(f"/api/v1/namespaces/{namespace}/pods/probed-sidecar")
+            return live if live.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+        wait_for("the pod finishes", lambda: finished() is not None)
+        live = finished()
+    assert live is not None
+    [main] = live["status"]["containerStatuses"]
+    assert main["state"]["terminated"]["exitCode"] == 0, live["status"]
+    assert live["status"]["phase"] == "Succeeded"

@@ -63,6 +63,11 @@ FOLD_MINUTES = 2
 # the CronJob controller's first look, which must all come before the fold.
 LEAD_MINUTES = 3
 FINISH_SECONDS = 120
+# The keeper releases the lease when a run ends; a keeper stopped while still starting
+# (the workload takes about a second) cannot, and the lease then lasts durationSeconds:
+# short, so that it is gone by the next minute (a 3900 s lease turned every later run of
+# a job away in a run of this module on a loaded machine).
+LEASE = {"heartbeat": True, "durationSeconds": 30}
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +129,7 @@ def test_repeated_wall_minutes_run_once_with_once_and_twice_with_twice(
         namespace = scenario.namespace("fold", [cluster])
         jobs: dict[str, Any] = {}
         for name, policy in (("once", "Once"), ("twice", "Twice")):
-            gcj = guarded_cronjob(name, namespace, lease={"heartbeat": True}, spec={
+            gcj = guarded_cronjob(name, namespace, lease=LEASE, spec={
                 "timeZone": ZONE, "dstPolicy": {"repeatedTime": policy}})
             cronjob = cluster.render(gcj)
             cluster.apply(with_guard_env(cronjob, "PYTHONTZPATH", python_zone(zone_dir)))
@@ -173,10 +178,6 @@ JUMP_MINUTES = 2
 # an attempt that found the shared lease held (30 s, then 60 s), with room for a loaded
 # machine.
 SETTLE_SECONDS = 420
-# The keeper releases the lease when a run ends; a keeper stopped before it started (a
-# run of a second) cannot, and the lease then lasts durationSeconds: short, so that the
-# skipped minute's retries are not all turned away by it.
-SPRING_LEASE = {"heartbeat": True, "durationSeconds": 30}
 
 
 def compile_spring_zone(zone_dir: Path, jump_at: datetime) -> None:
@@ -241,7 +242,7 @@ def test_a_skipped_wall_minute_runs_once_at_the_next_minute_only_when_asked(
             locks = {}
             for name, (policy, lease) in objects.items():
                 gcj = guarded_cronjob(name, namespace, schedule=schedule,
-                                      lease={"name": lease, **SPRING_LEASE}, spec={
+                                      lease={"name": lease, **LEASE}, spec={
                                           "timeZone": SPRING_ZONE,
                                           "dstPolicy": {"skippedTime": policy}})
                 create_gcj(cluster, gcj)

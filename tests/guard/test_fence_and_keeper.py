@@ -176,6 +176,31 @@ def test_keeper_renews_while_alive_and_releases_on_sigterm(dsn: str, tmp_path: P
     assert run_cli(["acquire", "--lock", "job", "--holder", "b", "--lease-seconds", "5"], dsn=dsn).code == 0
 
 
+def test_a_keeper_stopped_as_soon_as_it_says_ready_releases_the_lease(dsn: str, tmp_path: Path) -> None:
+    # keeper-ready is what the keeper's startupProbe waits for before the workload starts;
+    # a workload that ends at once has the keeper stopped right after it: the lease must
+    # still be released (before, a keeper stopped while starting died and left it held).
+    out = acquire_as_a(dsn, tmp_path, "30")
+    ready = out / "keeper-ready"
+    assert not ready.exists()
+    keeper = start_keeper(dsn, out, "30")
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert keeper.poll() is None and time.monotonic() < deadline, keeper.communicate()
+            time.sleep(0.005)
+        keeper.send_signal(signal.SIGTERM)
+        _, stderr = keeper.communicate(timeout=10)
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+    assert keeper.returncode == 0, stderr
+    assert "released lock job" in stderr
+    assert ready.read_text().strip() == str(keeper.pid)
+    assert lease_until(dsn, "job")[3] is False
+    assert run_cli(["acquire", "--lock", "job", "--holder", "b", "--lease-seconds", "5"], dsn=dsn).code == 0
+
+
 def test_a_keeper_paused_past_its_lease_calls_it_lost_on_waking(dsn: str, tmp_path: Path) -> None:
     out = acquire_as_a(dsn, tmp_path)
     keeper = start_keeper(dsn, out)

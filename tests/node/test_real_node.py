@@ -116,6 +116,27 @@ def test_init_message_main_exit_code_and_sidecar_stop_are_the_kubelets(
     assert sidecar["finishedAt"] >= terminated(pod, "main")["finishedAt"]
 
 
+def test_the_workload_waits_for_a_sidecars_startup_probe(
+    node_cluster: NodeCluster, tmp_path: Path
+) -> None:
+    """What the keeper's startupProbe relies on: the kubelet starts the main container only
+    once a native sidecar's startupProbe passes, so the keeper is ready for SIGTERM first."""
+    shared = [{"name": "run", "mountPath": "/run/shared"}]
+    pod = run_pod(node_cluster.plane, tmp_path, "probed-sidecar", {
+        "volumes": [{"name": "run", "emptyDir": {}}],
+        "initContainers": [
+            container("sidecar", "sleep 4; touch /run/shared/ready; trap 'exit 0' TERM; "
+                      "sleep 3600 & wait", restartPolicy="Always", volumeMounts=shared,
+                      startupProbe={"exec": {"command": ["test", "-e", "/run/shared/ready"]},
+                                    "periodSeconds": 1, "failureThreshold": 60}),
+        ],
+        "containers": [container("main", "test -e /run/shared/ready", volumeMounts=shared)],
+    })  # fmt: skip
+    assert terminated(pod, "main")["exitCode"] == 0, pod["status"]
+    assert terminated(pod, "sidecar")["exitCode"] == 0
+    assert pod["status"]["phase"] == "Succeeded"
+
+
 def test_a_failing_init_container_stops_the_pod_before_its_workload(
     node_cluster: NodeCluster, tmp_path: Path
 ) -> None:

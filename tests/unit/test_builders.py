@@ -213,6 +213,12 @@ def test_keeper_is_a_native_sidecar_after_the_guard() -> None:
         # the keeper has no slot to find, so no Job name
         "env": [e for e in EXPECTED_GUARD["env"] if e["name"] != "GUARDEDCRON_JOB_NAME"],
         "restartPolicy": "Always",
+        # the workload starts once the keeper's SIGTERM handler is in place
+        "startupProbe": {
+            "exec": {"command": ["test", "-e", "/var/run/guardedcron/keeper-ready"]},
+            "periodSeconds": 1, "timeoutSeconds": 1, "successThreshold": 1,
+            "failureThreshold": 60,
+        },
     }
     assert keeper == expected_keeper
 

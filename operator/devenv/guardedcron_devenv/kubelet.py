@@ -4,11 +4,12 @@ It is NOT a kubelet. It does, for what guardedcron needs to be tested end to end
 what a kubelet would do: register a Node, bind pending pods to it, run each pod's
 containers as local processes in Kubernetes order (init containers one by one,
 native sidecars — init containers with restartPolicy Always — kept running and
-restarted if they exit, then the main containers; sidecars get SIGTERM after the
-main containers stop), and patch the pod's status with real exit codes, reasons and
-termination messages so the Job controller and the operator see true phases. Pods
-being deleted (the Job controller enforcing activeDeadlineSeconds, garbage
-collection) get SIGTERM, then SIGKILL.
+restarted if they exit, their exec startupProbe passed before the next container
+starts, then the main containers; sidecars get SIGTERM after the main containers
+stop), and patch the pod's status with real exit codes, reasons and termination
+messages so the Job controller and the operator see true phases. Pods being deleted
+(the Job controller enforcing activeDeadlineSeconds, garbage collection) get SIGTERM,
+then SIGKILL.
 
 What each process starts with (argv, env from the downward API, Secrets and
 ConfigMaps, volume folders on the host) is resolved by `pod_spec.py`; this module is
@@ -129,18 +130,11 @@ class PodRunner:
             )
             return
         launch = self.resolver.launch(run.spec, image)
-        full_env = {
-            "PATH": self.kubelet.path,
-            "HOME": str(self.dir),
-            "HOSTNAME": self.name,
-            TERMINATION_LOG_ENV: str(run.termination_file),
-            **launch.env,
-        }
         log = run.log.open("ab")
         try:
             run.process = subprocess.Popen(
                 launch.argv,
-                env=full_env,
+                env=self._process_env(run, launch.env),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
@@ -151,6 +145,60 @@ class PodRunner:
         finally:
             log.close()
         run.started_at = now_iso()
+
+    def _process_env(self, run: ContainerRun, container_env: Mapping[str, str]) -> dict[str, str]:
+        return {
+            "PATH": self.kubelet.path,
+            "HOME": str(self.dir),
+            "HOSTNAME": self.name,
+            TERMINATION_LOG_ENV: str(run.termination_file),
+            **container_env,
+        }
+
+    def wait_until_started(self, run: ContainerRun) -> bool:
+        """A native sidecar's startupProbe, as the kubelet runs it before it starts the
+        containers after the sidecar: every periodSeconds until it passes; after
+        failureThreshold failures in a row (or if the sidecar exits) the sidecar is
+        restarted. Exec probes only. False if the pod is deleted meanwhile."""
+        probe = run.spec.get("startupProbe")
+        if not probe:
+            return True
+        command = (probe.get("exec") or {}).get("command")
+        if not command:
+            raise RuntimeError("the process-kubelet runs exec startupProbes only")
+        image = self.kubelet.images[run.spec.get("image", "")]
+        launch = self.resolver.launch({**run.spec, "command": command, "args": []}, image)
+        period = float(probe.get("periodSeconds", 10))
+        threshold = int(probe.get("failureThreshold", 3))
+        failures = 0
+        while not self.deleting.is_set():
+            try:
+                passed = subprocess.run(
+                    launch.argv, env=self._process_env(run, launch.env), cwd=self.dir,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    timeout=float(probe.get("timeoutSeconds", 1)), check=False,
+                ).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                passed = False
+            if passed:
+                return True
+            failures += 1
+            exited = run.process is None or run.process.poll() is not None
+            if failures >= threshold or exited:
+                self._restart(run)
+                failures = 0
+            self.deleting.wait(period)
+        return False
+
+    def _restart(self, run: ContainerRun) -> None:
+        if run.process is not None:
+            self.stop(run)
+            run.last_terminated = self.finish(run, _exit_code(run.process.wait()))
+        run.restart_count += 1
+        run.process = None
+        self.report()
+        self.start(run)
+        self.report()
 
     def finish(self, run: ContainerRun, code: int) -> dict[str, Any]:
         message = run.termination_file.read_text(errors="replace")[:4096]
@@ -224,6 +272,8 @@ class PodRunner:
             if run.spec.get("restartPolicy") == "Always":
                 sidecars.append(run)
                 self.report()
+                if not self.wait_until_started(run):
+                    return self._fail()
                 continue
             self.report()
             run.terminated = self.finish(run, self.wait(run))
@@ -262,13 +312,8 @@ class PodRunner:
                 with self.lock:
                     if self._main_done or run.process is None or run.process.poll() is None:
                         continue
-                    run.last_terminated = self.finish(run, _exit_code(run.process.wait()))
-                    run.restart_count += 1
-                    run.process = None
-                    self.report()
                     time.sleep(0.5)  # a short back-off
-                    self.start(run)
-                    self.report()
+                    self._restart(run)
             time.sleep(0.1)
 
     def _fail(self) -> None:

@@ -20,6 +20,7 @@ from guardedcron.spec import OperatorSettings, ParsedSpec
 ENV_HOLDER = "GUARDEDCRON_HOLDER"
 GUARD_COMMAND = "guardedcron"
 FENCE_PATH = f"{contract.RUN_DIR}/{contract.FENCE_FILE}"
+KEEPER_READY_PATH = f"{contract.RUN_DIR}/{contract.KEEPER_READY_FILE}"
 
 
 def literal_arg(value: str) -> str:
@@ -93,7 +94,7 @@ def mark_run_kind(job: Mapping[str, Any], kind: str) -> dict[str, Any]:
 def build_keeper_container(parsed: ParsedSpec, settings: OperatorSettings) -> dict[str, Any]:
     """The native sidecar (`restartPolicy: Always`) that renews the lease while the workload
     runs and releases it when the pod ends; it reads the fence the guard wrote, since no
-    one knows it when the pod is created."""
+    one knows it when the pod is created. The workload waits for its startupProbe."""
     lease = parsed.spec.lease
     args = [
         "keep",
@@ -106,7 +107,21 @@ def build_keeper_container(parsed: ParsedSpec, settings: OperatorSettings) -> di
     env = [*_identity_env(settings, with_job_name=False), _dsn_env(parsed)]
     container = _injected_container(contract.KEEPER_CONTAINER, args, env, settings)
     container["restartPolicy"] = "Always"
+    container["startupProbe"] = build_keeper_startup_probe()
     return container
+
+
+def build_keeper_startup_probe() -> dict[str, Any]:
+    """The kubelet starts a native sidecar's followers (the workload) only once its
+    startupProbe passes: here, once the keeper says SIGTERM would release the lease. All
+    of the probe's fields are written, as the API server would default them."""
+    return {
+        "exec": {"command": ["test", "-e", KEEPER_READY_PATH]},
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "successThreshold": 1,
+        "failureThreshold": contract.KEEPER_STARTUP_PROBES,
+    }
 
 
 def locks_in_cronjob(cronjob: Mapping[str, Any]) -> set[str]:

@@ -492,6 +492,7 @@ def _holder_call(command: str, done_key: str, args: argparse.Namespace, call: Ca
 def run_keep(args: argparse.Namespace) -> int:
     from guardedcron.guard.connection import connect
     from guardedcron.guard.keeper import Keeper, KeepRequest
+    from guardedcron.guard.outputs import write_keeper_ready
 
     try:
         check_names(args)
@@ -514,6 +515,10 @@ def run_keep(args: argparse.Namespace) -> int:
         return exc.exit_code
     keeper = Keeper(request, connect, lambda message: say("keep", message))
     keeper.install_signal_handlers()
+    if args.out is not None:
+        # Only now may the workload start (the startupProbe waits for this file): a
+        # SIGTERM before the handler would end the keeper without releasing the lease.
+        write_keeper_ready(args.out)
     if args.out is not None and (args.out / LOST_FILE).exists():
         # Restarted after reporting a loss (a native sidecar is restarted even under
         # restartPolicy Never): do not fight over the lease again, wait to be stopped.

@@ -3,6 +3,8 @@
 - `<out>/fence`: the fencing token alone, for shell scripts.
 - `<out>/lease.json`: lock, holder, fence, slot, locked_until, run_id, and the run
   context (`RunContext`): run_kind, manual, scheduled_time, scheduled_time_utc, time_zone.
+- `<out>/keeper-ready` (the keeper): its SIGTERM handler is in place.
+- `<out>/lost` (the keeper): the lease was lost.
 - the termination message (`/dev/termination-log`): a short JSON summary that the
   operator reads from the pod's status, so it needs no database access.
 Files are written to a temporary name and renamed, so a reader never sees half a file.
@@ -21,6 +23,7 @@ from typing import Any
 from guardedcron.contract import (
     ENV_TERMINATION_LOG,
     FENCE_FILE,
+    KEEPER_READY_FILE,
     KEY_FENCE,
     KEY_MANUAL,
     KEY_OUTCOME,
@@ -101,6 +104,12 @@ def write_lease_files(out_dir: Path, lease: dict[str, Any]) -> None:
 def write_lost_marker(out_dir: Path, details: dict[str, Any]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(out_dir / LOST_FILE, json.dumps(details, sort_keys=True) + "\n")
+
+
+def write_keeper_ready(out_dir: Path) -> None:
+    """The keeper's startupProbe reads this: from now on SIGTERM releases the lease."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(out_dir / KEEPER_READY_FILE, f"{os.getpid()}\n")
 
 
 def termination_log_path() -> Path:
