@@ -10,7 +10,7 @@ before the instant: a pod's start and its connection are not the database's work
 connect phase is timed and reported apart). At the instant, every pod sends its call.
 
 Approaches, each on its own database of one durable server, one after the other:
-- schema 5 and schema 6: `acquire_v2` with the minute's slot, 60 s leases; every lock ran
+- schema 6 and schema 7: `acquire_v2` with the minute's slot, 60 s leases; every lock ran
   the minute before (acquired and released), so every lease is free and each lock has a
   winner and a loser (`slot-claimed` or `lease-held`) whose attempt is recorded;
 - the insert-then-update pattern (two statements: the refused `INSERT`, then the `UPDATE ...
@@ -24,8 +24,8 @@ answer latency (from each call's send, and from the instant), winners per lock (
 exactly 1), WAL bytes (`pg_current_wal_lsn()` over the storm, after a CHECKPOINT), the
 server's execution time per call (pg_stat_statements, top-level statements), and the load.
 
-    .venv/bin/python -m bench.storm                  # 5,000 locks x 2 clusters, schema 5, 6, the pattern
-    .venv/bin/python -m bench.storm --locks 1000 --only schema6
+    .venv/bin/python -m bench.storm                  # 5,000 locks x 2 clusters, schema 6, 7, the pattern
+    .venv/bin/python -m bench.storm --locks 1000 --only schema7
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ CLUSTERS = ("east", "west")
 LOCK_PREFIX = "storm/job-"
 CONNECT_AT_ONCE = 64  # connections a cluster process opens at a time before the storm
 START_MARGIN_S = 1.0  # from "every pod connected" to the instant
-APPROACHES = ("schema5", "schema6", "insert-then-update")
+APPROACHES = ("schema6", "schema7", "insert-then-update")
 LABELS = {
-    "schema5": "guardedcron schema 5: acquire_v2",
     "schema6": "guardedcron schema 6: acquire_v2",
+    "schema7": "guardedcron schema 7: acquire_v2",
     "insert-then-update": "insert-then-update (ShedLock JDBC pattern)",
 }
 ACQUIRE = "SELECT acquired, reason FROM guardedcron.acquire_v2(%s, %s, 60, 0, %s, 90, 10000)"
@@ -309,7 +309,7 @@ def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str
     settings = {"max_client_conn": str(locks * len(CLUSTERS) + 100), "auth_type": "trust"}
     with PgBouncer(admin, pool_size=pool_size, settings=settings) as bouncer:
         for approach in only:
-            version = 5 if approach == "schema5" else 6
+            version = int(approach.removeprefix("schema")) if approach.startswith("schema") else 7
             name = f"storm_{approach.replace('-', '_')}"
             dsn = schema_database(server, name, version)
             row(table, storm(server, bouncer, dsn, name, approach, locks))
