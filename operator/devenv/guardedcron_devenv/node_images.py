@@ -21,8 +21,9 @@ from typing import Final
 
 BUSYBOX: Final = Path("/bin/busybox")
 # Commands a test image offers, each a link to busybox.
-BUSYBOX_APPLETS: Final = ("sh", "sleep", "cat", "echo", "nc", "wget", "true", "false", "env", "ls",
-                                 "test", "touch")
+BUSYBOX_APPLETS: Final = (
+    "sh", "sleep", "cat", "echo", "nc", "wget", "true", "false", "env", "ls", "test", "touch",
+)
 PAUSE_IMAGE: Final = "guardedcron.local/pause:1"
 BUSYBOX_IMAGE: Final = "guardedcron.local/busybox:1"
 # pause: sleep for about 68 years; the kubelet kills the sandbox when the pod ends.

@@ -4,8 +4,8 @@
 -- Every loss is recorded (a `skipped` run with its reason). Before this version that row
 -- made each losing call a durable commit: it waited for the WAL to reach the disk, like a
 -- win, while the insert-then-update pattern's losing UPDATE writes nothing and waits for
--- nothing. With 16 callers on one lock 15 of 16 answers are losses, and at the top of the
--- minute half of a fleet's calls are; their flushes were most of the time ours took.
+-- nothing. With 16 callers on one lock 15 of 16 answers are losses, and their flushes
+-- were most of the time those calls took.
 --
 -- _record_skip (the loss exit of acquire_v2, and record_skip_v1) now sets
 -- synchronous_commit = off for its own transaction (set_config(..., true); none of the
