@@ -242,8 +242,8 @@ def test_the_process_kubelet_starts_the_workload_once_a_sidecars_startup_probe_p
     (tests/node shows the real kubelet's): a sidecar whose probe passes only after 3 s
     holds the main container back until then."""
     namespace = fresh_namespace(control_plane)
-    plane = control_plane
-    api = AdminApi(plane.server, plane.ca_file, plane.admin_cert_file, plane.admin_key_file)
+    api = AdminApi(control_plane.server, control_plane.ca_file, control_plane.admin_cert_file,
+                   control_plane.admin_key_file)
     shared = [{"name": "run", "mountPath": "/run/shared"}]
 
     def container(name: str, script: str, **extra: Any) -> dict[str, Any]:
