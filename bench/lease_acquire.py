@@ -655,6 +655,13 @@ def call_costs(databases: dict[str, tuple[str, str, str]], calls: int = 5_000, t
     return table
 
 
+def compared_schema_databases(server: ThrowawayPostgres, prefix: str) -> dict[str, str]:
+    """A database per schema the retention approaches compare ("schema6" -> migrations up
+    to 6), named `<prefix>_<schema>`; the peers run on the last one."""
+    schemas = sorted({approach.schema for approach in RETENTION_APPROACHES})
+    return {key: schema_database(server, f"{prefix}_{key}", int(key[-1])) for key in schemas}
+
+
 def call_loop(call: str, count: int) -> bytes:
     return f"DO $$ BEGIN FOR i IN 1..{count} LOOP PERFORM {call}; END LOOP; END $$".encode()
 
@@ -664,9 +671,7 @@ def run_retention(
     server: ThrowawayPostgres, *, seconds: float = 3.0, clients: int = 16, rounds: int = 2, costed: int = 1000
 ) -> list[Table]:
     """As run_tenancy: rounds in rotated order, medians and ranges; the superuser everywhere."""
-    databases = {
-        key: schema_database(server, f"retention_{key}", int(key[-1])) for key in ("schema6", "schema7")
-    }
+    databases = compared_schema_databases(server, "retention")
     first = len(APPROACHES) + len(TENANCY_APPROACHES)
     count = len(RETENTION_APPROACHES)
     solo: dict[int, list[Sample]] = {i: [] for i in range(count)}
@@ -770,10 +775,7 @@ def run_profile(server: ThrowawayPostgres, *, cycles: int = 1500) -> list[Table]
     planning ms, shared buffers, WAL bytes and records; and how many updates of `runs` were HOT.
     """
     tables = []
-    databases = {
-        key: schema_database(server, f"profile_{key}", int(key[-1]))
-        for key in sorted({approach.schema for approach in RETENTION_APPROACHES[:4]})
-    }
+    databases = compared_schema_databases(server, "profile")
     for approach in RETENTION_APPROACHES[:4]:
         dsn, dbname = databases[approach.schema], f"profile_{approach.schema}"
         reset_lock(dsn, approach)

@@ -51,6 +51,7 @@ from bench.common import (
     wal_lsn,
 )
 from bench.lease_acquire import schema_database
+from guardedcron.guard.migrations import LATEST_VERSION
 from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 
@@ -309,7 +310,8 @@ def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str
     settings = {"max_client_conn": str(locks * len(CLUSTERS) + 100), "auth_type": "trust"}
     with PgBouncer(admin, pool_size=pool_size, settings=settings) as bouncer:
         for approach in only:
-            version = int(approach.removeprefix("schema")) if approach.startswith("schema") else 7
+            version = (int(approach.removeprefix("schema")) if approach.startswith("schema")
+                       else LATEST_VERSION)
             name = f"storm_{approach.replace('-', '_')}"
             dsn = schema_database(server, name, version)
             row(table, storm(server, bouncer, dsn, name, approach, locks))

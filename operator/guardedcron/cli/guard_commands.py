@@ -519,12 +519,12 @@ def run_keep(args: argparse.Namespace) -> int:
         # Only now may the workload start (the startupProbe waits for this file): a
         # SIGTERM before the handler would end the keeper without releasing the lease.
         write_keeper_ready(args.out)
-    if args.out is not None and (args.out / LOST_FILE).exists():
-        # Restarted after reporting a loss (a native sidecar is restarted even under
-        # restartPolicy Never): do not fight over the lease again, wait to be stopped.
-        say("keep", "the lease was lost earlier in this pod; waiting for SIGTERM")
-        keeper.wait_for_stop()
-        return EXIT_OK
+        if (args.out / LOST_FILE).exists():
+            # Restarted after reporting a loss (a native sidecar is restarted even under
+            # restartPolicy Never): do not fight over the lease again, wait to be stopped.
+            say("keep", "the lease was lost earlier in this pod; waiting for SIGTERM")
+            keeper.wait_for_stop()
+            return EXIT_OK
     say("keep", f"keeping lock {args.lock} (fence {fence}), renewing every {keeper.interval:g} s")
     return keeper.run()
 
