@@ -23,7 +23,13 @@ def test_demo_runs_each_slot_once_across_two_clusters(kube_binaries: Paths) -> N
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     won = [line for line in output.splitlines() if "guard won the lease" in line]
-    skipped = [line for line in output.splitlines() if "Skipped -- lease-held" in line]
+    # The loser meets the winner's lease, or, when the winner ended before the loser's
+    # guard asked (a loaded node), its claim on the minute: either refusal names the run.
+    skipped = [
+        line
+        for line in output.splitlines()
+        if "Skipped -- lease-held" in line or "Skipped -- slot-claimed" in line
+    ]
     assert len(won) == 1 and "workload Succeeded" in won[0], output
     assert len(skipped) == 1, output
     winner_cluster = won[0].split("]")[0].lstrip("[")

@@ -34,6 +34,7 @@ from guardedcron.contract import (
     KEY_REASON,
     LABEL_NAME,
     RUN_DIR,
+    AcquireReason,
     GuardOutcome,
 )
 from guardedcron_devenv.admin_api import AdminApi, ApiError
@@ -198,9 +199,12 @@ def describe_run(cluster: Cluster, job: dict[str, Any]) -> str | None:
             f"{output[-1500:]}"
         )
     if guard.get(KEY_OUTCOME) == GuardOutcome.SKIPPED:
+        # The other cluster's run is either still holding the lease or already done with
+        # this minute (it ended before this guard asked): both turn this run away.
+        verb = "ran this slot with" if guard.get(KEY_REASON) == AcquireReason.SLOT_CLAIMED else "holds"
         return (
             f"{name}: Skipped -- {guard.get(KEY_REASON)}: {guard.get(KEY_HOLDER)} "
-            f"holds fence {guard.get(KEY_FENCE)}"
+            f"{verb} fence {guard.get(KEY_FENCE)}"
         )
     verdict = "Complete" if "Complete" in done else "Failed"
     return f"{name}: {verdict} ({guard.get('reason', 'no guard message')})"
