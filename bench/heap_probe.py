@@ -46,6 +46,44 @@ def pymalloc_stats(path: Path) -> None:
             os.close(saved)
 
 
+def deep_size(roots: list[object]) -> int:
+    """Bytes of JSON-like data (dicts, lists, strings, numbers) reachable from `roots`,
+    each object counted once."""
+    seen: set[int] = set()
+    total, stack = 0, list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return total
+
+
+def holders(objects: list[object]) -> Counter[str]:
+    """What refers to `objects`, by type (an attribute's owner shows as its `__dict__`'s
+    owner when the instance has one)."""
+    found: Counter[str] = Counter()
+    ignore = {id(objects)}
+    for obj in objects:
+        for referrer in gc.get_referrers(obj):
+            if id(referrer) in ignore or isinstance(referrer, FrameType):
+                continue
+            name = f"{type(referrer).__module__}.{type(referrer).__qualname__}"
+            if isinstance(referrer, dict):
+                owners = [o for o in gc.get_referrers(referrer)
+                          if getattr(o, "__dict__", None) is referrer]
+                if owners:
+                    name = f"{type(owners[0]).__qualname__}.__dict__"
+            found[name] += 1
+    return found
+
+
 def dump(directory: Path, number: int) -> None:
     rss = rss_kib()
     pymalloc_stats(directory / f"{number}.pymalloc.txt")
@@ -58,9 +96,18 @@ def dump(directory: Path, number: int) -> None:
         counts[name] += 1
         sizes[name] += sys.getsizeof(obj)
     traced, peak = tracemalloc.get_traced_memory()
+    bodies = [obj for obj in gc.get_objects() if type(obj).__qualname__ == "Body"
+              and type(obj).__module__.startswith("kopf.")]
+    patches = [obj for obj in gc.get_objects() if type(obj).__qualname__ == "Patch"
+               and type(obj).__module__.startswith("kopf.")]
     (directory / f"{number}.census.json").write_text(json.dumps({
         "rss_kib": rss, "traced_bytes": traced, "traced_peak_bytes": peak,
         "gc_tracked_shallow_bytes": sum(sizes.values()),
+        # kopf keeps a Body per object while it has timers or daemons (live_fresh_body)
+        "kopf_bodies": len(bodies),
+        "kopf_bodies_deep_bytes": deep_size([body._src for body in bodies]),
+        "kopf_bodies_held_by": dict(holders(bodies).most_common(12)),
+        "kopf_patches_held_by": dict(holders(patches).most_common(12)),
         "by_count": dict(counts.most_common(40)),
         "by_shallow_bytes": dict(sizes.most_common(40))}, indent=1))
 

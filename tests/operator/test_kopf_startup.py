@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import watching
-from kopf._core.reactor import orchestration, running
+from kopf._core.reactor import orchestration, processing, running
 
 from guardedcron import contract
 from guardedcron.handlers import kopf_startup
@@ -53,6 +53,7 @@ async def start_up_like_kopf(toggles: aiotoggles.ToggleSet, objects: int) -> int
 async def test_kopf_builds_counting_sets_once_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aiotoggles, "ToggleSet", aiotoggles.ToggleSet)  # restored afterwards
     monkeypatch.setattr(watching, "continuous_watch", watching.continuous_watch)
+    monkeypatch.setattr(processing, "process_spawning_cause", processing.process_spawning_cause)
     kopf_startup.install()
     # kopf's orchestration (operator_indexed) and runner (operator_paused) build their
     # sets through the module attribute, at the operator's start.
@@ -150,6 +151,7 @@ async def test_installed_watches_slim_every_object(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(aiotoggles, "ToggleSet", aiotoggles.ToggleSet)
     monkeypatch.setattr(watching, "continuous_watch", stream)
+    monkeypatch.setattr(processing, "process_spawning_cause", processing.process_spawning_cause)
     kopf_startup.install()
     kopf_startup.install()  # idempotent: wrapped once
     assert watching.continuous_watch is not stream

@@ -23,15 +23,26 @@ restart). Most of a real object's body is `metadata.managedFields`, which neithe
 nor a pass reads except the operator's own apply entry, so `install()` also makes kopf's
 watch streams drop the other entries from each object as it arrives, before any worker
 keeps it (`slim_event`).
+
+Once started, what stays is kopf's memory of each object. For a resource with a timer
+(the catch-up timer is registered for every GuardedCronJob, and its `when` filter
+picks the few that use it), kopf keeps the object's latest whole body for its timers
+(`live_fresh_body`), whether or not a timer runs for it, for as long as the object
+exists: 8 to 24 KiB for every GuardedCronJob, the largest part of the operator's
+memory at 10,000 (docs/benchmarks.md, "Memory: the bodies kopf keeps for timers").
+`install()` makes kopf drop it after each event for an object with no timer or daemon
+running (`forget_idle_bodies`); kopf sets it again from the next event, before it
+decides whether to start one.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import watching
+from kopf._core.reactor import inventory, processing
 
 from guardedcron.handlers.observe import own_apply_entries
 
@@ -127,9 +138,31 @@ def slimmed(continuous_watch: _ContinuousWatch) -> _ContinuousWatch:
     return slimmed_watch
 
 
+_ProcessSpawningCause = Callable[..., Awaitable[Collection[float]]]
+
+
+def forget_idle_bodies(process_spawning_cause: _ProcessSpawningCause) -> _ProcessSpawningCause:
+    """kopf's start (or stop) of an object's timers and daemons, after which the body it
+    keeps for them is let go if none is running: only a running one reads it."""
+    if getattr(process_spawning_cause, "_guardedcron_forgets", False):
+        return process_spawning_cause
+
+    async def forgetting(*, memory: inventory.ResourceMemory, **kwargs: Any) -> Collection[float]:
+        try:
+            return await process_spawning_cause(memory=memory, **kwargs)
+        finally:
+            if not memory.daemons_memory.running_daemons:
+                memory.daemons_memory.live_fresh_body = None
+
+    forgetting._guardedcron_forgets = True  # type: ignore[attr-defined]
+    return forgetting
+
+
 def install() -> None:
     """Make kopf build its toggle sets (index pre-population, pausing) from
-    CountingToggleSet, and slim every object its watches deliver. Idempotent; call
-    before `kopf.operator()`."""
+    CountingToggleSet, slim every object its watches deliver, and keep no body for an
+    object with no timer running. Idempotent; call before `kopf.operator()`."""
     aiotoggles.ToggleSet = CountingToggleSet  # type: ignore[misc]
     watching.continuous_watch = slimmed(watching.continuous_watch)
+    processing.process_spawning_cause = forget_idle_bodies(  # type: ignore[assignment]
+        processing.process_spawning_cause)
