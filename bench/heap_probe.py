@@ -6,7 +6,9 @@ operator's own process tells what holds its memory. Each SIGUSR2 writes, into DI
   FRAMES frames, to compare by traceback (`bench/heap_report.py`);
 - `<n>.census.json`: gc-tracked objects by type (count and shallow bytes: strings and
   bytes are not tracked, the containers holding them are), the bytes tracemalloc
-  traces, and the process's RSS just before the dump;
+  traces, and the process's RSS just before the dump; the time a full collection of
+  reference cycles takes (what the operator's trim does first), and kopf's live bodies
+  (`Body`: how many, their bytes, what refers to them and to kopf's `Patch`es);
 - `<n>.pymalloc.txt`: `sys._debugmallocstats()`, pymalloc's arenas and free pools.
 
 Usage: python bench/heap_probe.py DIR FRAMES operator --standalone
@@ -19,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
@@ -86,6 +89,9 @@ def holders(objects: list[object]) -> Counter[str]:
 
 def dump(directory: Path, number: int) -> None:
     rss = rss_kib()
+    started = time.monotonic()
+    gc.collect()  # what the operator's trim does first: how long it holds the loop
+    collection_ms = (time.monotonic() - started) * 1000
     pymalloc_stats(directory / f"{number}.pymalloc.txt")
     if tracemalloc.is_tracing():
         tracemalloc.take_snapshot().dump(str(directory / f"{number}.snap"))
@@ -102,6 +108,7 @@ def dump(directory: Path, number: int) -> None:
                and type(obj).__module__.startswith("kopf.")]
     (directory / f"{number}.census.json").write_text(json.dumps({
         "rss_kib": rss, "traced_bytes": traced, "traced_peak_bytes": peak,
+        "full_collection_ms": round(collection_ms, 1), "gc_tracked_objects": sum(counts.values()),
         "gc_tracked_shallow_bytes": sum(sizes.values()),
         # kopf keeps a Body per object while it has timers or daemons (live_fresh_body)
         "kopf_bodies": len(bodies),

@@ -15,12 +15,13 @@ bodies) or a trim still gives some back, and once a minute once it is steady. Ea
 runs in a worker thread, so the event loop is not held up while glibc walks its free
 lists.
 
-Before each trim, a full collection of reference cycles (`collect_cycles`): kopf wraps
-every event's object in a `Body` and a `Patch` whose views point back at them, so each
-event leaves a cycle of a whole object's size that only a full collection frees, and
-CPython starts one only once the cycles pending reach a quarter of everything
-long-lived: at 1,000 GuardedCronJobs, one to two thousand dead bodies (37 MB) stayed
-after a start (docs/benchmarks.md, "Memory: the bodies kopf leaves").
+Before a trim, a full collection of reference cycles (`collect_cycles`; while the
+memory grows, at most one a minute): kopf wraps every event's object in a `Body` and a
+`Patch` whose views point back at them, so each event leaves a cycle of a whole
+object's size that only a full collection frees, and CPython starts one only once the
+cycles pending reach a quarter of everything long-lived: at 1,000 GuardedCronJobs, one
+to two thousand dead bodies (37 MB) stayed after a start (docs/benchmarks.md, "Memory:
+the bodies kopf keeps and leaves").
 """
 
 from __future__ import annotations
@@ -76,10 +77,12 @@ def collect_cycles() -> int:
     return found
 
 
-async def trim_once(trim: Trim) -> tuple[float, float]:
-    """Collect cycles, then trim in a worker thread; resident MiB before and after (logged)."""
+async def trim_once(trim: Trim, *, collect: bool = True) -> tuple[float, float]:
+    """Collect cycles (unless not `collect`), then trim in a worker thread; resident MiB
+    before and after (logged)."""
     before = resident_mib()
-    collect_cycles()
+    if collect:
+        collect_cycles()
     started = time.monotonic()
     await asyncio.to_thread(trim)
     after = resident_mib()
@@ -91,10 +94,17 @@ async def trim_once(trim: Trim) -> tuple[float, float]:
 async def trim_periodically(trim: Trim, *, busy_seconds: float = TRIM_SECONDS,
                             idle_seconds: float = IDLE_TRIM_SECONDS) -> None:
     """Trim every `busy_seconds` while the memory moves, every `idle_seconds` once it is
-    steady; until cancelled."""
+    steady; until cancelled. While the memory grows (a start-up, holding its objects),
+    a collection would walk them all and free little: then at most one per
+    `idle_seconds`."""
     delay, last = busy_seconds, 0.0
+    collected = time.monotonic()
     while True:
         await asyncio.sleep(delay)
-        before, after = await trim_once(trim)
+        growing = resident_mib() >= last + STEADY_MIB
+        collect = not growing or time.monotonic() - collected >= idle_seconds
+        before, after = await trim_once(trim, collect=collect)
+        if collect:
+            collected = time.monotonic()
         steady = abs(before - last) < STEADY_MIB and before - after < STEADY_MIB
         delay, last = (idle_seconds if steady else busy_seconds), after
