@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from guardedcron.cli import operator_memory
 from guardedcron.cli.operator_memory import ALLOCATOR_ENV
 
 GUARDEDCRON = str(Path(sys.executable).parent / "guardedcron")
@@ -55,3 +56,16 @@ async def test_the_operator_trims_its_memory(kubeconfig: Path) -> None:
     finally:
         process.kill()
         await process.wait()
+
+
+
+def test_no_collection_while_the_memory_grows() -> None:
+    """A start-up's growing heap is all alive: walking it frees little, so a trim then
+    skips the collection (but not for longer than an idle period); once the memory stops
+    growing, or falls, every trim collects first."""
+    wants = operator_memory.wants_collection
+    grown = 100 + operator_memory.STEADY_MIB
+    assert not wants(grown, 100, since_collection=5, idle_seconds=60)
+    assert wants(grown, 100, since_collection=60, idle_seconds=60)
+    assert wants(100.5, 100, since_collection=5, idle_seconds=60)  # steady
+    assert wants(80, 100, since_collection=5, idle_seconds=60)  # falling: the bodies let go

@@ -77,6 +77,13 @@ def collect_cycles() -> int:
     return found
 
 
+def wants_collection(resident: float, last: float, since_collection: float,
+                     idle_seconds: float) -> bool:
+    """Whether a trim collects cycles first: not while resident memory has grown since
+    the last trim (`last`, MiB), unless `idle_seconds` have passed since the last one."""
+    return resident < last + STEADY_MIB or since_collection >= idle_seconds
+
+
 async def trim_once(trim: Trim, *, collect: bool = True) -> tuple[float, float]:
     """Collect cycles (unless not `collect`), then trim in a worker thread; resident MiB
     before and after (logged)."""
@@ -101,8 +108,7 @@ async def trim_periodically(trim: Trim, *, busy_seconds: float = TRIM_SECONDS,
     collected = time.monotonic()
     while True:
         await asyncio.sleep(delay)
-        growing = resident_mib() >= last + STEADY_MIB
-        collect = not growing or time.monotonic() - collected >= idle_seconds
+        collect = wants_collection(resident_mib(), last, time.monotonic() - collected, idle_seconds)
         before, after = await trim_once(trim, collect=collect)
         if collect:
             collected = time.monotonic()
