@@ -59,13 +59,13 @@ async def test_the_operator_trims_its_memory(kubeconfig: Path) -> None:
 
 
 
-def test_no_collection_while_the_memory_grows() -> None:
-    """A start-up's growing heap is all alive: walking it frees little, so a trim then
-    skips the collection (but not for longer than an idle period); once the memory stops
-    growing, or falls, every trim collects first."""
+def test_no_collection_while_the_memory_moves() -> None:
+    """A collection walks every live object, and while a start-up grows or falls it still
+    holds most of them: a trim then skips it (but not for longer than an idle period);
+    once the memory stops moving, the trim collects first."""
     wants = operator_memory.wants_collection
-    grown = 100 + operator_memory.STEADY_MIB
-    assert not wants(grown, 100, since_collection=5, idle_seconds=60)
-    assert wants(grown, 100, since_collection=60, idle_seconds=60)
+    moved = operator_memory.STEADY_MIB
+    assert not wants(100 + moved, 100, since_collection=5, idle_seconds=60)  # growing
+    assert not wants(100 - moved, 100, since_collection=5, idle_seconds=60)  # falling
+    assert wants(100 + moved, 100, since_collection=60, idle_seconds=60)
     assert wants(100.5, 100, since_collection=5, idle_seconds=60)  # steady
-    assert wants(80, 100, since_collection=5, idle_seconds=60)  # falling: the bodies let go

@@ -15,13 +15,13 @@ bodies) or a trim still gives some back, and once a minute once it is steady. Ea
 runs in a worker thread, so the event loop is not held up while glibc walks its free
 lists.
 
-Before a trim, a full collection of reference cycles (`collect_cycles`; while the
-memory grows, at most one a minute): kopf wraps every event's object in a `Body` and a
-`Patch` whose views point back at them, so each event leaves a cycle of a whole
-object's size that only a full collection frees, and CPython starts one only once the
-cycles pending reach a quarter of everything long-lived: at 1,000 GuardedCronJobs, one
-to two thousand dead bodies (37 MB) stayed after a start (docs/benchmarks.md, "Memory:
-the bodies kopf keeps and leaves").
+Before a trim, a full collection of reference cycles (`collect_cycles`; once the
+memory stopped moving, and at most a minute apart while it moves): kopf wraps every
+event's object in a `Body` and a `Patch` whose views point back at them, so each event
+leaves a cycle of a whole object's size that only a full collection frees, and CPython
+starts one only once the cycles pending reach a quarter of everything long-lived: at
+1,000 GuardedCronJobs, one to two thousand dead bodies (37 MB) stayed after a start
+(docs/benchmarks.md, "Memory: the bodies kopf keeps and leaves").
 """
 
 from __future__ import annotations
@@ -79,9 +79,11 @@ def collect_cycles() -> int:
 
 def wants_collection(resident: float, last: float, since_collection: float,
                      idle_seconds: float) -> bool:
-    """Whether a trim collects cycles first: not while resident memory has grown since
-    the last trim (`last`, MiB), unless `idle_seconds` have passed since the last one."""
-    return resident < last + STEADY_MIB or since_collection >= idle_seconds
+    """Whether a trim collects cycles first: once resident memory stopped moving since
+    the last trim (`last`, MiB), or `idle_seconds` after the last collection. Not while it
+    moves: a collection walks every live object (about 0.3 s at 10,000 GuardedCronJobs,
+    more while a start-up holds its bodies), and a start-up still holds most of them."""
+    return abs(resident - last) < STEADY_MIB or since_collection >= idle_seconds
 
 
 async def trim_once(trim: Trim, *, collect: bool = True) -> tuple[float, float]:
@@ -101,9 +103,7 @@ async def trim_once(trim: Trim, *, collect: bool = True) -> tuple[float, float]:
 async def trim_periodically(trim: Trim, *, busy_seconds: float = TRIM_SECONDS,
                             idle_seconds: float = IDLE_TRIM_SECONDS) -> None:
     """Trim every `busy_seconds` while the memory moves, every `idle_seconds` once it is
-    steady; until cancelled. While the memory grows (a start-up, holding its objects),
-    a collection would walk them all and free little: then at most one per
-    `idle_seconds`."""
+    steady; until cancelled. Each trim collects cycles first when `wants_collection`."""
     delay, last = busy_seconds, 0.0
     collected = time.monotonic()
     while True:
