@@ -9,9 +9,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from guardedcron.handlers.context import OperatorContext, PassMemory
+from kopf.testing import KopfRunner
+
+from guardedcron.handlers.context import Clock, OperatorContext, PassMemory
 from guardedcron.handlers.observe import Observed, trimmed
 from guardedcron.handlers.reconcile import PassResult, reconcile
+from guardedcron.handlers.registry import build_registry
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient, NotFound
 from guardedcron.spec import OperatorSettings, Settings, settings_from_env
 from guardedcron.spec.locks import SharedLock
@@ -64,3 +67,14 @@ async def eventually(check: Callable[[], Any], what: str) -> Any:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def start_kopf(namespace: str, clock: Clock, *, timeout: float = 60) -> KopfRunner:
+    """kopf with guardedcron's handlers over `namespace` (KopfRunner: its own thread and
+    loop), `clock` injected; started, for the caller to exit."""
+    context = OperatorContext(client=KubeClient(), clock=clock,
+                              settings=Settings(build=SETTINGS, namespaces=(namespace,)))
+    runner = KopfRunner(["run", "--standalone", "--namespace", namespace],
+                        registry=build_registry(context), timeout=timeout)
+    runner.__enter__()
+    return runner

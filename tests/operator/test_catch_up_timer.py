@@ -10,15 +10,11 @@ from typing import Any
 
 import kmock
 import pytest
-from kopf.testing import KopfRunner
 
 from guardedcron import contract
 from guardedcron.handlers import scheduling
-from guardedcron.handlers.context import OperatorContext
-from guardedcron.handlers.registry import build_registry
 from guardedcron.kube import KubeClient
-from guardedcron.spec import Settings
-from tests.operator.passes import SETTINGS, create_gcj, eventually
+from tests.operator.passes import create_gcj, eventually, start_kopf
 from tests.support.clock import FakeClock
 from tests.support.emulator import GuardedEmulator
 from tests.support.gcj import base_gcj, put
@@ -44,11 +40,7 @@ async def test_a_missed_slot_is_made_up_with_no_event_to_wake_the_operator(
     body = put(put(base_gcj(), "spec.schedule", "*/10 * * * *"), "spec.timeZone", "UTC")
     await create_gcj(client, put(body, "spec.catchUp", {"policy": "Latest", "windowSeconds": 3600}))
     clock = FakeClock(datetime.now(UTC))
-    context = OperatorContext(client=KubeClient(), clock=clock,
-                              settings=Settings(build=SETTINGS, namespaces=(NS,)))
-    runner = KopfRunner(["run", "--standalone", "--namespace", NS], registry=build_registry(context),
-                        timeout=60)
-    runner.__enter__()
+    runner = start_kopf(NS, clock)
     try:
         await eventually(lambda: ready(api), "the GuardedCronJob is Ready")
         await asyncio.sleep(3)  # the passes its creation started are over

@@ -22,16 +22,12 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import watching
 from kopf._cogs.structs import bodies
 from kopf._core.reactor import processing
-from kopf.testing import KopfRunner
 
 from guardedcron import contract
 from guardedcron.cli.operator_memory import trim_once
 from guardedcron.handlers import kopf_startup, scheduling
-from guardedcron.handlers.context import OperatorContext
-from guardedcron.handlers.registry import build_registry
 from guardedcron.kube import KubeClient
-from guardedcron.spec import Settings
-from tests.operator.passes import SETTINGS, create_gcj, eventually
+from tests.operator.passes import create_gcj, eventually, start_kopf
 from tests.support.clock import FakeClock
 from tests.support.emulator import GuardedEmulator
 from tests.support.gcj import base_gcj, put
@@ -80,11 +76,7 @@ async def test_kopf_keeps_bodies_only_for_objects_with_a_running_timer(
     catching_up = put(put(plain, "metadata.name", CATCHING_UP), "spec.timeZone", "UTC")
     await create_gcj(client, put(catching_up, "spec.catchUp", {"policy": "Latest", "windowSeconds": 3600}))
     clock = FakeClock(datetime.now(UTC))
-    context = OperatorContext(client=KubeClient(), clock=clock,
-                              settings=Settings(build=SETTINGS, namespaces=(NS,)))
-    runner = KopfRunner(["run", "--standalone", "--namespace", NS], registry=build_registry(context),
-                        timeout=60)
-    runner.__enter__()
+    runner = start_kopf(NS, clock)
     try:
         await eventually(lambda: all(ready(api, name) for name in (*PLAIN, CATCHING_UP)), "all Ready")
         # Once each object's worker has ended (16 or 32 s after Ready here), only the
