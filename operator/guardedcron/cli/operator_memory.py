@@ -87,8 +87,8 @@ def wants_collection(resident: float, last: float, since_collection: float,
 
 
 async def trim_once(trim: Trim, *, collect: bool = True) -> tuple[float, float]:
-    """Collect cycles (unless not `collect`), then trim in a worker thread; resident MiB
-    before and after (logged)."""
+    """Collect cycles if `collect`, then trim in a worker thread; resident MiB before
+    and after (logged)."""
     before = resident_mib()
     if collect:
         collect_cycles()

@@ -28,8 +28,8 @@ Once started, what stays is kopf's memory of each object. For a resource with a 
 (the catch-up timer is registered for every GuardedCronJob, and its `when` filter
 picks the few that use it), kopf keeps the object's latest whole body for its timers
 (`live_fresh_body`), whether or not a timer runs for it, for as long as the object
-exists: 8 to 24 KiB for every GuardedCronJob, the largest part of the operator's
-memory at 10,000 (docs/benchmarks.md, "Memory: the bodies kopf keeps and leaves").
+exists: 8.0 MB at 1,000 GuardedCronJobs after a restart (docs/benchmarks.md,
+"Memory: the bodies kopf keeps and leaves").
 `install()` makes kopf drop it after each event for an object with no timer or daemon
 running (`forget_idle_bodies`); kopf sets it again from the next event, before it
 decides whether to start one.
