@@ -154,7 +154,15 @@ def test_slots_missed_while_the_database_was_unreachable_are_made_up_once_in_tot
         slots_with_work = set(work_by_slot(e2e_db, lock))
         return set(missed) <= slots_with_work
 
-    wait_for("the missed slots are made up", made_up, SETTLE_SECONDS)
+    try:
+        wait_for("the missed slots are made up", made_up, SETTLE_SECONDS)
+    except AssertionError as error:
+        # What each operator saw and decided: its status, and the Jobs it made.
+        seen = {cluster.name: {"status": status_of(cluster, namespace, NAME),
+                               "jobs": sorted(job["metadata"]["name"] for job in cluster.jobs(namespace))}
+                for cluster in both}
+        raise AssertionError(f"{error}; missed {sorted(missed)}, work {sorted(work_by_slot(e2e_db, lock))}, "
+                             f"clusters {seen}") from None
     # Let attempts still in flight (the other cluster's) finish before counting.
     for cluster in both:
         wait_status(cluster, namespace, "no run active", lambda s: all(
