@@ -89,35 +89,37 @@ def holders(objects: list[object]) -> Counter[str]:
 
 def dump(directory: Path, number: int) -> None:
     rss = rss_kib()
-    started = time.monotonic()
-    gc.collect()  # what the operator's trim does first: how long it holds the loop
-    collection_ms = (time.monotonic() - started) * 1000
     pymalloc_stats(directory / f"{number}.pymalloc.txt")
     if tracemalloc.is_tracing():
         tracemalloc.take_snapshot().dump(str(directory / f"{number}.snap"))
     counts: Counter[str] = Counter()
     sizes: Counter[str] = Counter()
-    for obj in gc.get_objects():
+    kopf: dict[str, list[object]] = {"kopf._cogs.structs.bodies.Body": [],
+                                     "kopf._cogs.structs.patches.Patch": []}
+    for obj in gc.get_objects():  # dead cycles not yet collected included: they hold memory
         name = f"{type(obj).__module__}.{type(obj).__qualname__}"
         counts[name] += 1
         sizes[name] += sys.getsizeof(obj)
+        if name in kopf:
+            kopf[name].append(obj)
     traced, peak = tracemalloc.get_traced_memory()
-    bodies = [obj for obj in gc.get_objects() if type(obj).__qualname__ == "Body"
-              and type(obj).__module__.startswith("kopf.")]
-    patches = [obj for obj in gc.get_objects() if type(obj).__qualname__ == "Patch"
-               and type(obj).__module__.startswith("kopf.")]
-    (directory / f"{number}.census.json").write_text(json.dumps({
+    bodies, patches = kopf.values()
+    census = {
         "rss_kib": rss, "traced_bytes": traced, "traced_peak_bytes": peak,
-        "full_collection_ms": round(collection_ms, 1), "gc_tracked_objects": sum(counts.values()),
+        "gc_tracked_objects": sum(counts.values()),
         "gc_tracked_shallow_bytes": sum(sizes.values()),
         # kopf keeps a Body per object while it has timers or daemons (live_fresh_body)
         "kopf_bodies": len(bodies),
-        "kopf_bodies_deep_bytes": deep_size([body._src for body in bodies]),
+        "kopf_bodies_deep_bytes": deep_size([body._src for body in bodies]),  # type: ignore[attr-defined]
         "kopf_bodies_held_by": dict(holders(bodies).most_common(12)),
         "kopf_patches_held_by": dict(holders(patches).most_common(12)),
         "by_count": dict(counts.most_common(40)),
-        "by_shallow_bytes": dict(sizes.most_common(40))}, indent=1))
-
+        "by_shallow_bytes": dict(sizes.most_common(40))}
+    del bodies, patches, kopf
+    started = time.monotonic()
+    gc.collect()  # what the operator's trim does first: how long it holds the loop
+    census["full_collection_ms"] = round((time.monotonic() - started) * 1000, 1)
+    (directory / f"{number}.census.json").write_text(json.dumps(census, indent=1))
 
 def main() -> int:
     directory, frames, *argv = sys.argv[1:]

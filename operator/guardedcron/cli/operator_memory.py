@@ -67,14 +67,13 @@ def resident_mib(statm: Path = Path("/proc/self/statm")) -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def collect_cycles() -> int:
+def collect_cycles() -> None:
     """A full collection, in the calling thread (it holds the interpreter throughout,
-    wherever it runs); the unreachable objects it found (logged with its time)."""
+    wherever it runs); what it found and its time are logged."""
     started = time.monotonic()
     found = gc.collect()
     logger.debug("gc: %d unreachable objects collected in %.0f ms", found,
                  (time.monotonic() - started) * 1000)
-    return found
 
 
 def wants_collection(resident: float, last: float, since_collection: float,
