@@ -9,13 +9,20 @@ operator's own process tells what holds its memory. Each SIGUSR2 writes, into DI
   traces, and the process's RSS just before the dump; the time a full collection of
   reference cycles takes (what the operator's trim does first), and kopf's live bodies
   (`Body`: how many, their bytes, what refers to them and to kopf's `Patch`es);
-- `<n>.pymalloc.txt`: `sys._debugmallocstats()`, pymalloc's arenas and free pools.
+- `<n>.pymalloc.txt`: `sys._debugmallocstats()`, pymalloc's arenas and free pools;
+- in the census, glibc's own account (`mallinfo2`: bytes its heaps took from the system,
+  bytes in use, bytes free inside them, and mmapped blocks), before and after a
+  `malloc_trim(0)`, with the RSS after it: what of the resident memory is live
+  allocations (Python's, and the C libraries' that tracemalloc never sees) and what
+  is free memory the heaps keep; `<n>.malloc_info.xml` has each arena's own account.
 
 Usage: python bench/heap_probe.py DIR FRAMES operator --standalone
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import json
 import os
@@ -47,6 +54,40 @@ def pymalloc_stats(path: Path) -> None:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+
+
+def glibc_heaps() -> dict[str, int] | None:
+    """glibc's account of its heaps, in KiB; None where the C library is not glibc."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return {"heaps_from_system_kib": info.arena // 1024, "in_use_kib": info.uordblks // 1024,
+            "free_in_heaps_kib": info.fordblks // 1024, "mmapped_kib": info.hblkhd // 1024}
+
+
+def glibc_census(info_path: Path) -> dict[str, object]:
+    before = glibc_heaps()
+    if before is None:
+        return {}
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    stream = libc.fopen(str(info_path).encode(), b"w")
+    if stream:  # each arena's own account, as XML
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+    libc.malloc_trim(0)
+    return {"glibc": before, "glibc_after_trim": glibc_heaps(), "rss_kib_after_trim": rss_kib()}
 
 
 def deep_size(roots: list[object]) -> int:
@@ -113,6 +154,7 @@ def dump(directory: Path, number: int) -> None:
         "kopf_bodies_deep_bytes": deep_size([body._src for body in bodies]),  # type: ignore[attr-defined]
         "kopf_bodies_held_by": dict(holders(bodies).most_common(12)),
         "kopf_patches_held_by": dict(holders(patches).most_common(12)),
+        **glibc_census(directory / f"{number}.malloc_info.xml"),
         "by_count": dict(counts.most_common(40)),
         "by_shallow_bytes": dict(sizes.most_common(40))}
     del bodies, patches, kopf
