@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import json
 import os
@@ -62,9 +63,14 @@ class MallInfo2(ctypes.Structure):
         "uordblks", "fordblks", "keepcost")]
 
 
+@functools.cache
+def c_library() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"))
+
+
 def glibc_heaps() -> dict[str, int] | None:
     """glibc's account of its heaps, in KiB; None where the C library is not glibc."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc = c_library()
     if not hasattr(libc, "mallinfo2"):
         return None
     libc.mallinfo2.restype = MallInfo2
@@ -77,7 +83,7 @@ def glibc_census(info_path: Path) -> dict[str, object]:
     before = glibc_heaps()
     if before is None:
         return {}
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc = c_library()
     libc.fopen.restype = ctypes.c_void_p
     libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
