@@ -65,7 +65,15 @@ class MallInfo2(ctypes.Structure):
 
 @functools.cache
 def c_library() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c"))
+    """The C library, with the signatures of the glibc calls the census makes."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = MallInfo2
+        libc.fopen.restype = ctypes.c_void_p
+        libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+    return libc
 
 
 def glibc_heaps() -> dict[str, int] | None:
@@ -73,7 +81,6 @@ def glibc_heaps() -> dict[str, int] | None:
     libc = c_library()
     if not hasattr(libc, "mallinfo2"):
         return None
-    libc.mallinfo2.restype = MallInfo2
     info = libc.mallinfo2()
     return {"heaps_from_system_kib": info.arena // 1024, "in_use_kib": info.uordblks // 1024,
             "free_in_heaps_kib": info.fordblks // 1024, "mmapped_kib": info.hblkhd // 1024}
@@ -84,10 +91,6 @@ def glibc_census(info_path: Path) -> dict[str, object]:
     if before is None:
         return {}
     libc = c_library()
-    libc.fopen.restype = ctypes.c_void_p
-    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    libc.fclose.argtypes = [ctypes.c_void_p]
     stream = libc.fopen(str(info_path).encode(), b"w")
     if stream:  # each arena's own account, as XML
         libc.malloc_info(0, stream)
@@ -168,6 +171,7 @@ def dump(directory: Path, number: int) -> None:
     gc.collect()  # what the operator's trim does first: how long it holds the loop
     census["full_collection_ms"] = round((time.monotonic() - started) * 1000, 1)
     (directory / f"{number}.census.json").write_text(json.dumps(census, indent=1))
+
 
 def main() -> int:
     directory, frames, *argv = sys.argv[1:]
