@@ -14,7 +14,10 @@ operator's own process tells what holds its memory. Each SIGUSR2 writes, into DI
   bytes in use, bytes free inside them, and mmapped blocks), before and after a
   `malloc_trim(0)`, with the RSS after it: what of the resident memory is live
   allocations (Python's, and the C libraries' that tracemalloc never sees) and what
-  is free memory the heaps keep; `<n>.malloc_info.xml` has each arena's own account.
+  is free memory the heaps keep; `<n>.malloc_info.xml` has each arena's own account;
+- where jemalloc serves (the chart's allocator), its account too (`stats.allocated`,
+  `active`, `resident`, `mapped`, `retained`), before and after a purge of every arena,
+  with the RSS after it.
 
 Usage: python bench/heap_probe.py DIR FRAMES operator --standalone
 """
@@ -32,6 +35,7 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -99,6 +103,34 @@ def glibc_census(info_path: Path) -> dict[str, object]:
     return {"glibc": before, "glibc_after_trim": glibc_heaps(), "rss_kib_after_trim": rss_kib()}
 
 
+JEMALLOC_STATS = ("allocated", "active", "resident", "mapped", "retained")
+
+
+def jemalloc_stats(mallctl: Callable[..., int]) -> dict[str, int]:
+    """jemalloc's account, in KiB, refreshed first (its statistics are a snapshot taken at
+    each `epoch` write): bytes allocated, on active pages, resident, mapped, retained."""
+    epoch = ctypes.c_uint64(1)
+    mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
+    found = {}
+    for name in JEMALLOC_STATS:
+        value, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+        mallctl(f"stats.{name}".encode(), ctypes.byref(value), ctypes.byref(size), None, 0)
+        found[f"{name}_kib"] = value.value // 1024
+    return found
+
+
+def jemalloc_census() -> dict[str, object]:
+    """jemalloc's account before and after a purge of every arena (what the operator's
+    trim does under it), with the RSS after it; empty where jemalloc does not serve."""
+    mallctl = getattr(ctypes.CDLL(None), "mallctl", None)
+    if mallctl is None:
+        return {}
+    before = jemalloc_stats(mallctl)
+    mallctl(b"arena.4096.purge", None, None, None, 0)
+    return {"jemalloc": before, "jemalloc_after_purge": jemalloc_stats(mallctl),
+            "rss_kib_after_purge": rss_kib()}
+
+
 def deep_size(roots: list[object]) -> int:
     """Bytes of JSON-like data (dicts, lists, strings, numbers) reachable from `roots`,
     each object counted once."""
@@ -164,6 +196,7 @@ def dump(directory: Path, number: int) -> None:
         "kopf_bodies_held_by": dict(holders(bodies).most_common(12)),
         "kopf_patches_held_by": dict(holders(patches).most_common(12)),
         **glibc_census(directory / f"{number}.malloc_info.xml"),
+        **jemalloc_census(),
         "by_count": dict(counts.most_common(40)),
         "by_shallow_bytes": dict(sizes.most_common(40))}
     del bodies, patches, kopf

@@ -11,7 +11,8 @@ By default the objects live on a real control plane (etcd, kube-apiserver and
 kube-controller-manager from guardedcron_devenv, started here and stopped at the end);
 `--api emulator` uses the kmock emulator instead. The operator gets the environment the
 chart's Deployment gives it (glibc's allocator: guardedcron.cli.operator_memory), so the
-figures are what a deployment gets; `--pymalloc` runs it on CPython's allocator instead.
+figures are what a deployment gets; `--allocator glibc` runs it on glibc's malloc (the chart's
+choice before jemalloc), `--allocator pymalloc` on CPython's own allocator.
 Usage, from the repository root:
 
     nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1000 --namespaces 10
@@ -59,6 +60,8 @@ from guardedcron_devenv.controlplane import ControlPlane, free_port  # noqa: E40
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
 RESUMED = "Resuming is processed"
 HEAP_FRAMES = int(os.environ.get("BENCH_HEAP_FRAMES", "12"))  # per trace; 0: census alone
+# The operator's allocator, by name: the chart's environment, or one of the two before it.
+ALLOCATORS = ("chart", "glibc", "pymalloc")
 SETTLE_SECONDS = 3.0  # after the last object: late writes would show in the counts
 # kopf's per-object workers end 5 s after their last event (settings.batching.idle_timeout),
 # each with the body it held: RSS this long after the settle is the steady figure.
@@ -83,21 +86,27 @@ async def wait_for(check: Callable[[], bool], what: str, phase_seconds: float) -
     return time.monotonic() - started
 
 
+def allocator_env(allocator: str) -> dict[str, str]:
+    if allocator == "chart":
+        return dict(ALLOCATOR_ENV)
+    if allocator == "glibc":
+        return {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
+    return {}
+
+
 class Operator:
     """`guardedcron operator --standalone` as a child process, its log in a file, with
-    the environment the chart's Deployment gives it (glibc's allocator) unless
-    `pymalloc` (CPython's own, for a before/after)."""
+    the allocator's environment `allocator_env(allocator)` gives it."""
 
     def __init__(self, kubeconfig: Path, log: Path, profile: Path | None,
-                 code: Tree | None, heap: Path | None = None, pymalloc: bool = False) -> None:
+                 code: Tree | None, heap: Path | None = None, allocator: str = "chart") -> None:
         self.log = log
         self.heap = heap
         self.heap_dumps = 0
         base = code.env() if code is not None else dict(os.environ)
         for name in ALLOCATOR_ENV:
             base.pop(name, None)
-        if not pymalloc:
-            base.update(ALLOCATOR_ENV)
+        base.update(allocator_env(allocator))
         self.metrics_port = free_port()
         self.env = {**base, "KUBECONFIG": str(kubeconfig),
                     "GUARDEDCRON_METRICS_PORT": str(self.metrics_port),
@@ -159,7 +168,7 @@ class Operator:
 
 async def measure(target: Target, objects: int, namespaces: int, phase_seconds: float,
                   workdir: Path, profile: Path | None, code: Tree | None,
-                  heap: Path | None = None, pymalloc: bool = False) -> dict[str, Any]:
+                  heap: Path | None = None, allocator: str = "chart") -> dict[str, Any]:
     await target.seed([gcj(i, namespaces) for i in range(objects)])
     load_at_start = os.getloadavg()[0]
 
@@ -172,7 +181,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
     # --- first start: every object is new
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "first.log", profile_file("first"),
-                        code, heap_dir("first"), pymalloc) as op:
+                        code, heap_dir("first"), allocator) as op:
         applied_s = await wait_for(lambda: target.applied() >= objects, "every CronJob applied",
                                    phase_seconds)
         ready_s = applied_s + await wait_for(lambda: target.ready() >= objects, "every status Ready",
@@ -189,7 +198,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
     # --- restart over up-to-date objects: an idle resync
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "restart.log", profile_file("restart"),
-                        code, heap_dir("restart"), pymalloc) as op:
+                        code, heap_dir("restart"), allocator) as op:
         resumed_s = await wait_for(lambda: op.resumed() >= objects, "every object resumed",
                                    phase_seconds)
         cpu_restart = op.cpu()
@@ -236,7 +245,7 @@ def control_plane(keep_logs: Path) -> Iterator[ControlPlane]:
 
 async def run(options: argparse.Namespace, workdir: Path, code: Tree | None) -> dict[str, Any]:
     args = (options.objects, options.namespaces, options.timeout, workdir, options.profile, code,
-            options.heap, options.pymalloc)
+            options.heap, options.allocator)
     if options.api == "emulator":
         async with Emulator(workdir) as emulator:
             return {"api": "emulator", **await measure(emulator, *args)}
@@ -255,8 +264,8 @@ def main() -> None:
     parser.add_argument("--heap", type=Path,
                         help="trace the operator's memory (tracemalloc), heap dumps here")
     parser.add_argument("--code", help="run this commit's operator code instead of the working tree's")
-    parser.add_argument("--pymalloc", action="store_true",
-                        help="run the operator on CPython's allocator, not the chart's (glibc's)")
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="chart",
+                        help="the operator's allocator: the chart's (jemalloc), glibc's or CPython's")
     options = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="guardedcron-bench-scale-"))
     if options.profile is not None:
@@ -264,7 +273,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         code = stack.enter_context(trees(options.code))[0] if options.code else None
         result = asyncio.run(run(options, workdir, code))
-    allocator = "pymalloc" if options.pymalloc else " ".join(f"{k}={v}" for k, v in ALLOCATOR_ENV.items())
+    allocator = " ".join(f"{k}={v}" for k, v in allocator_env(options.allocator).items()) or "pymalloc"
     print(json.dumps({**result, "code": options.code or "working tree", "allocator": allocator},
                      indent=2))
 

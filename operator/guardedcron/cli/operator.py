@@ -87,7 +87,7 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
     """Run kopf with guardedcron's handlers until stopped (SIGTERM, or `stop_flag`)."""
     import kopf
 
-    from guardedcron.cli.operator_memory import malloc_trim, trim_periodically
+    from guardedcron.cli.operator_memory import allocator_trim, log_allocator, trim_periodically
     from guardedcron.handlers import kopf_startup
     from guardedcron.handlers.context import OperatorContext
     from guardedcron.handlers.registry import build_registry
@@ -98,7 +98,8 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
     server = (await start_metrics_server(settings.metrics_port, context.metrics.registry)
               if settings.metrics_port else None)
     kopf_startup.install()  # before kopf builds its toggle sets: a start-up linear in objects
-    trim = malloc_trim()  # give the start-up peak back to the system (operator_memory)
+    trim = allocator_trim()  # give the start-up peak back to the system (operator_memory)
+    log_allocator(trim, os.environ)
     trimming = asyncio.create_task(trim_periodically(trim)) if trim is not None else None
     try:
         await kopf.operator(

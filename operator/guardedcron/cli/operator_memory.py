@@ -1,19 +1,27 @@
-"""The operator's memory after its start-up peak: glibc's allocator, trimmed.
+"""The operator's memory after its start-up peak: jemalloc, purged after collections.
 
 The operator's memory peaks when it starts over all its objects (kopf's worker for each
-listed object holds that object's body until every index is filled), then falls. Under
-CPython's own small-object allocator most of it stays resident: a pymalloc arena goes
-back to the system only once every block in it is free, and the long-lived per-object
-records made during the peak are scattered through those arenas (docs/benchmarks.md,
-"Memory: what holds it"). So the operator runs on glibc's malloc instead
-(`ALLOCATOR_ENV`; the chart's Deployment sets it, since Python reads it only as it
-starts), with at most two arenas (otherwise up to one per thread and core, each keeping
-its own free memory). glibc returns free pages from inside its heap only when asked,
-by `malloc_trim`: `trim_periodically` asks every few seconds while the memory moves
-(it grows through a start, then falls as kopf's per-object workers end and drop the
-bodies) or a trim still gives some back, and once a minute once it is steady. Each call
-runs in a worker thread, so the event loop is not held up while glibc walks its free
-lists.
+listed object holds that object's body until every index is filled), then falls. What
+stays is mostly free memory the allocator cannot give back: the long-lived per-object
+records made during the peak are scattered through the pages the peak used, and a page
+with one live record stays resident (docs/benchmarks.md, "memory, fourth round": 113 MiB
+live of 527 resident under glibc after a restart over 10,000 GuardedCronJobs). Under
+CPython's own small-object allocator it is worse: a pymalloc arena goes back only once
+every block in it is free. So the operator's container runs Python on `malloc`
+(`ALLOCATOR_ENV`; the chart's Deployment sets it, since the dynamic loader and Python read
+it only as the process starts) and that `malloc` is jemalloc, preloaded from the image:
+it keeps each size class on pages of its own, so pages of short-lived objects empty
+whole and go back, and its background thread returns them within about a second
+(`JEMALLOC_CONF`). Without the library (a developer's machine) the loader says so on
+stderr and glibc's malloc serves, with at most two arenas (otherwise up to one per thread
+and core, each keeping its own free memory).
+
+`allocator_trim` finds which allocator serves this process and how to ask it to give
+free pages back now (a trim): jemalloc's purge of every arena, or glibc's `malloc_trim(0)`.
+`trim_periodically` asks every few seconds while the memory moves (it grows through a
+start, then falls as kopf's per-object workers end and drop the bodies) or a trim still
+gives some back, and once a minute once it is steady. Each call runs in a worker
+thread, so the event loop is not held up while the allocator walks its free lists.
 
 Before a trim, a full collection of reference cycles (`collect_cycles`; once the
 memory stopped moving, and at most a minute apart while it moves): kopf wraps every
@@ -33,29 +41,76 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+# jemalloc's settings (MALLOC_CONF): its background thread returns a page a second after
+# it was freed (dirty_decay_ms; muzzy_decay_ms 0: with MADV_DONTNEED, which lowers the
+# resident memory the kubelet counts, not MADV_FREE, which the kernel takes back only when
+# it needs to), and two arenas, as many as the operator's busy threads.
+JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:2"
 # The operator's allocator; only the operator's container gets it (the guard, in the
-# same image, is a short process that pymalloc serves well).
-ALLOCATOR_ENV: Mapping[str, str] = MappingProxyType({"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"})
+# same image, is a short process that pymalloc serves well). LD_PRELOAD names the
+# library by its soname: the loader finds it in the system's library folders on any
+# architecture.
+ALLOCATOR_ENV: Mapping[str, str] = MappingProxyType({
+    "PYTHONMALLOC": "malloc",
+    "LD_PRELOAD": "libjemalloc.so.2",
+    "MALLOC_CONF": JEMALLOC_CONF,
+    "MALLOC_ARENA_MAX": "2",
+})
+# jemalloc's MALLCTL_ARENAS_ALL: "arena.<this>.purge" purges every arena.
+JEMALLOC_PURGE_ALL = b"arena.4096.purge"
 TRIM_SECONDS = 5.0  # between trims while the memory moves
 IDLE_TRIM_SECONDS = 60.0  # between trims once it is steady
 STEADY_MIB = 1.0  # moved less than this since the last trim, and a trim gave back less: steady
 
 logger = logging.getLogger("guardedcron.memory")
-Trim = Callable[[], object]
 
 
-def malloc_trim() -> Trim | None:
-    """glibc's `malloc_trim(0)`, or None where the C library has none (musl, macOS)."""
+@dataclass(frozen=True)
+class Trim:
+    """How to ask this process's allocator to give its free pages back now."""
+
+    allocator: str  # "jemalloc" or "glibc"
+    call: Callable[[], object]
+
+    def __call__(self) -> object:
+        return self.call()
+
+
+def allocator_trim() -> Trim | None:
+    """jemalloc's purge of every arena when jemalloc serves this process (preloaded), else
+    glibc's `malloc_trim(0)`; None where the C library has neither (musl, macOS)."""
     try:
-        function = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+        process = ctypes.CDLL(None)
+    except OSError:
         return None
-    function.argtypes = [ctypes.c_size_t]
-    function.restype = ctypes.c_int
-    return lambda: function(0)
+    mallctl = getattr(process, "mallctl", None)
+    if mallctl is not None:
+        mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                            ctypes.c_size_t]
+        mallctl.restype = ctypes.c_int
+        return Trim("jemalloc", lambda: mallctl(JEMALLOC_PURGE_ALL, None, None, None, 0))
+    trim = getattr(process, "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return Trim("glibc", lambda: trim(0))
+
+
+def log_allocator(trim: Trim | None, environ: Mapping[str, str]) -> None:
+    """Say which allocator serves the operator; warn when jemalloc was asked for and did
+    not load (the loader's own message went to stderr before any logging was set up)."""
+    allocator = trim.allocator if trim is not None else "unknown"
+    asked = "jemalloc" in environ.get("LD_PRELOAD", "")
+    if asked and allocator != "jemalloc":
+        logger.warning("memory: LD_PRELOAD names jemalloc but it did not load; %s's allocator"
+                       " serves instead and keeps more of the start-up peak resident", allocator)
+    else:
+        logger.info("memory: %s's allocator", allocator)
 
 
 def resident_mib(statm: Path = Path("/proc/self/statm")) -> float:
@@ -94,8 +149,8 @@ async def trim_once(trim: Trim, *, collect: bool = True) -> tuple[float, float]:
     started = time.monotonic()
     await asyncio.to_thread(trim)
     after = resident_mib()
-    logger.debug("malloc_trim: resident %.1f -> %.1f MiB in %.0f ms",
-                 before, after, (time.monotonic() - started) * 1000)
+    logger.debug("trim (%s): resident %.1f -> %.1f MiB in %.0f ms",
+                 trim.allocator, before, after, (time.monotonic() - started) * 1000)
     return before, after
 
 
