@@ -11,8 +11,8 @@ every block in it is free. So the operator's container runs Python on `malloc`
 (`ALLOCATOR_ENV`; the chart's Deployment sets it, since the dynamic loader and Python read
 it only as the process starts) and that `malloc` is jemalloc, preloaded from the image:
 it keeps each size class on pages of its own, so pages of short-lived objects empty
-whole and go back, and its background thread returns them within about a second
-(`JEMALLOC_CONF`). Without the library (a developer's machine) the loader says so on
+whole and go back, and its background thread returns them over the ten seconds after
+they were freed (`JEMALLOC_CONF`). Without the library (a developer's machine) the loader says so on
 stderr and glibc's malloc serves, with at most two arenas (otherwise up to one per thread
 and core, each keeping its own free memory).
 
@@ -45,11 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-# jemalloc's settings (MALLOC_CONF): its background thread returns a page a second after
-# it was freed (dirty_decay_ms; muzzy_decay_ms 0: with MADV_DONTNEED, which lowers the
-# resident memory the kubelet counts, not MADV_FREE, which the kernel takes back only when
-# it needs to), and two arenas, as many as the operator's busy threads.
-JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:2"
+# jemalloc's settings (MALLOC_CONF): its background thread returns freed pages over the
+# next ten seconds (dirty_decay_ms, jemalloc's default: a start-up reuses them meanwhile
+# rather than fault them in again; 1 s cost more CPU at 10,000 objects and kept about as much,
+# docs/benchmarks.md "memory, fifth round"), with MADV_DONTNEED (muzzy_decay_ms 0), which
+# lowers the resident memory the kubelet counts at once, not MADV_FREE, which the kernel
+# takes back only when it needs to; and two arenas, as many as the operator's busy threads.
+JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:10000,muzzy_decay_ms:0,narenas:2"
 # The operator's allocator; only the operator's container gets it (the guard, in the
 # same image, is a short process that pymalloc serves well). LD_PRELOAD names the
 # library by its soname: the loader finds it in the system's library folders on any
@@ -104,13 +106,12 @@ def allocator_trim() -> Trim | None:
 def log_allocator(trim: Trim | None, environ: Mapping[str, str]) -> None:
     """Say which allocator serves the operator; warn when jemalloc was asked for and did
     not load (the loader's own message went to stderr before any logging was set up)."""
-    allocator = trim.allocator if trim is not None else "unknown"
-    asked = "jemalloc" in environ.get("LD_PRELOAD", "")
-    if asked and allocator != "jemalloc":
-        logger.warning("memory: LD_PRELOAD names jemalloc but it did not load; %s's allocator"
-                       " serves instead and keeps more of the start-up peak resident", allocator)
+    allocator = f"{trim.allocator}'s allocator" if trim is not None else "an allocator it cannot trim"
+    if "jemalloc" in environ.get("LD_PRELOAD", "") and (trim is None or trim.allocator != "jemalloc"):
+        logger.warning("memory: LD_PRELOAD names jemalloc but it did not load; %s serves instead"
+                       " and keeps more of the start-up peak resident", allocator)
     else:
-        logger.info("memory: %s's allocator", allocator)
+        logger.info("memory: %s", allocator)
 
 
 def resident_mib(statm: Path = Path("/proc/self/statm")) -> float:
