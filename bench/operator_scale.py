@@ -10,7 +10,7 @@ Measures, for `guardedcron operator` running as its own process through a kubeco
 By default the objects live on a real control plane (etcd, kube-apiserver and
 kube-controller-manager from guardedcron_devenv, started here and stopped at the end);
 `--api emulator` uses the kmock emulator instead. The operator gets the environment the
-chart's Deployment gives it (glibc's allocator: guardedcron.cli.operator_memory), so the
+chart's Deployment gives it (jemalloc: guardedcron.cli.operator_memory), so the
 figures are what a deployment gets; `--allocator glibc` runs it on glibc's malloc (the chart's
 choice before jemalloc), `--allocator pymalloc` on CPython's own allocator.
 Usage, from the repository root:
