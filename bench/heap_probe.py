@@ -122,11 +122,13 @@ def jemalloc_stats(mallctl: Callable[..., int]) -> dict[str, int]:
 def jemalloc_census() -> dict[str, object]:
     """jemalloc's account before and after a purge of every arena (what the operator's
     trim does under it), with the RSS after it; empty where jemalloc does not serve."""
+    from guardedcron.cli.operator_memory import JEMALLOC_PURGE_ALL  # loaded by then: the operator's
+
     mallctl = getattr(ctypes.CDLL(None), "mallctl", None)
     if mallctl is None:
         return {}
     before = jemalloc_stats(mallctl)
-    mallctl(b"arena.4096.purge", None, None, None, 0)
+    mallctl(JEMALLOC_PURGE_ALL, None, None, None, 0)
     return {"jemalloc": before, "jemalloc_after_purge": jemalloc_stats(mallctl),
             "rss_kib_after_purge": rss_kib()}
 

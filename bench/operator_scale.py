@@ -54,7 +54,7 @@ from tests.support.gcj import base_gcj  # noqa: E402
 
 from bench.common import Tree, cpu_seconds, rss_mib, trees  # noqa: E402
 from bench.scale_targets import Emulator, RealApiServer, Target, split  # noqa: E402
-from guardedcron.cli.operator_memory import ALLOCATOR_ENV  # noqa: E402
+from guardedcron.cli.operator_memory import ALLOCATOR_ENV, GLIBC_ENV  # noqa: E402
 from guardedcron_devenv.controlplane import ControlPlane, free_port  # noqa: E402
 
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
@@ -90,7 +90,7 @@ def allocator_env(allocator: str) -> dict[str, str]:
     if allocator == "chart":
         return dict(ALLOCATOR_ENV)
     if allocator == "glibc":
-        return {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
+        return dict(GLIBC_ENV)
     return {}
 
 

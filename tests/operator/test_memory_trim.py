@@ -15,14 +15,13 @@ from pathlib import Path
 import pytest
 
 from guardedcron.cli import operator_memory
-from guardedcron.cli.operator_memory import ALLOCATOR_ENV
+from guardedcron.cli.operator_memory import ALLOCATOR_ENV, GLIBC_ENV
 
 GUARDEDCRON = str(Path(sys.executable).parent / "guardedcron")
 # A bound on the wait for the operator's first trim (5 s after it starts), not a timing.
 START_SECONDS = 60.0
 # A bound on jemalloc's own return of freed pages (its decay takes 10 s), not a timing.
 DECAY_BOUND_SECONDS = 60.0
-GLIBC_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
 # The chart's jemalloc with its decay off: what is returned is what the trim returned.
 JEMALLOC_WITHOUT_DECAY = {**ALLOCATOR_ENV,
                           "MALLOC_CONF": "background_thread:false,dirty_decay_ms:-1,muzzy_decay_ms:-1"}
@@ -58,7 +57,8 @@ def fragment(env: dict[str, str], *args: str) -> dict[str, float | str]:
     return figures
 
 
-@pytest.mark.parametrize(("env", "allocator"), [(JEMALLOC_WITHOUT_DECAY, "jemalloc"), (GLIBC_ENV, "glibc")],
+@pytest.mark.parametrize(("env", "allocator"),
+                         [(JEMALLOC_WITHOUT_DECAY, "jemalloc"), (dict(GLIBC_ENV), "glibc")],
                          ids=["jemalloc", "glibc"])
 def test_freed_memory_stays_resident_until_the_trim_gives_it_back(env: dict[str, str],
                                                                   allocator: str) -> None:

@@ -12,9 +12,9 @@ every block in it is free. So the operator's container runs Python on `malloc`
 it only as the process starts) and that `malloc` is jemalloc, preloaded from the image:
 it keeps each size class on pages of its own, so pages of short-lived objects empty
 whole and go back, and its background thread returns them over the ten seconds after
-they were freed (`JEMALLOC_CONF`). Without the library (a developer's machine) the loader says so on
-stderr and glibc's malloc serves, with at most two arenas (otherwise up to one per thread
-and core, each keeping its own free memory).
+they were freed (`JEMALLOC_CONF`). Without the library (a developer's machine) the
+loader says so on stderr and glibc's malloc serves (`GLIBC_ENV`: at most two arenas,
+otherwise up to one per thread and core, each keeping its own free memory).
 
 `allocator_trim` finds which allocator serves this process and how to ask it to give
 free pages back now (a trim): jemalloc's purge of every arena, or glibc's `malloc_trim(0)`.
@@ -56,12 +56,9 @@ JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:10000,muzzy_decay_ms:0,na
 # same image, is a short process that pymalloc serves well). LD_PRELOAD names the
 # library by its soname: the loader finds it in the system's library folders on any
 # architecture.
+GLIBC_ENV: Mapping[str, str] = MappingProxyType({"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"})
 ALLOCATOR_ENV: Mapping[str, str] = MappingProxyType({
-    "PYTHONMALLOC": "malloc",
-    "LD_PRELOAD": "libjemalloc.so.2",
-    "MALLOC_CONF": JEMALLOC_CONF,
-    "MALLOC_ARENA_MAX": "2",
-})
+    **GLIBC_ENV, "LD_PRELOAD": "libjemalloc.so.2", "MALLOC_CONF": JEMALLOC_CONF})
 # jemalloc's MALLCTL_ARENAS_ALL: "arena.<this>.purge" purges every arena.
 JEMALLOC_PURGE_ALL = b"arena.4096.purge"
 TRIM_SECONDS = 5.0  # between trims while the memory moves
