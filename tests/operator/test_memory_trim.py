@@ -6,10 +6,12 @@ glibc's where jemalloc is absent) keeps freed pages resident until they are purg
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,69 @@ def test_no_collection_while_the_memory_moves() -> None:
     assert not wants(100 - moved, 100, since_collection=5, idle_seconds=60)  # falling
     assert wants(100 + moved, 100, since_collection=60, idle_seconds=60)
     assert wants(100.5, 100, since_collection=5, idle_seconds=60)  # steady
+
+
+# In a fresh interpreter: a million lists that stay alive, the growth of a start-up's
+# old generation, with CPython's thresholds and then within own_full_collections; the
+# collections of each generation that it caused.
+GROWTH = """
+import gc, json
+from guardedcron.cli.operator_memory import own_full_collections
+
+def grow():
+    before = [g["collections"] for g in gc.get_stats()]
+    kept = [[] for _ in range(1_000_000)]
+    after = [g["collections"] for g in gc.get_stats()]
+    del kept
+    return [a - b for a, b in zip(after, before)]
+
+cpythons = grow()
+with own_full_collections():
+    owned = grow()
+print(json.dumps({"cpythons": cpythons, "owned": owned, "restored": gc.get_threshold()}))
+"""
+
+
+def test_full_collections_are_the_operators_alone() -> None:
+    """A growing old generation makes CPython start full collections of its own (a
+    start-up over 10,000 objects: 16 in a restart, each up to 3 s long); within
+    `own_full_collections` it starts none, and still collects the young generations."""
+    result = subprocess.run([sys.executable, "-c", GROWTH], capture_output=True, text=True,
+                            timeout=120, check=True)
+    counts = json.loads(result.stdout)
+    assert counts["cpythons"][2] >= 1, counts
+    assert counts["owned"][2] == 0, counts
+    assert counts["owned"][0] >= 1_000 and counts["owned"][1] >= 100, counts
+    assert tuple(counts["restored"]) == (700, 10, 10), counts  # CPython's, back afterwards
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.itself = self
+
+
+# A bound on how long the loop below (trims every 0.05 s) takes to collect, not a timing.
+COLLECTED_BOUND_SECONDS = 10.0
+
+
+async def test_the_trim_loop_collects_without_an_allocator_to_trim() -> None:
+    """With no allocator to trim (musl, macOS), `trim_periodically` still runs the full
+    collections that `own_full_collections` leaves to it: a cycle that died in the old
+    generation, which young collections never free, is freed by the loop."""
+    with operator_memory.own_full_collections():
+        cycle = Cycle()
+        dead = weakref.ref(cycle)
+        gc.collect(1)  # it survives the young generations: it is in the old one now
+        del cycle
+        for _ in range(20):
+            gc.collect(1)
+        assert dead() is not None  # young collections leave it
+        loop = asyncio.create_task(operator_memory.trim_periodically(None, busy_seconds=0.05,
+                                                                     idle_seconds=0.2))
+        try:
+            deadline = asyncio.get_running_loop().time() + COLLECTED_BOUND_SECONDS
+            while dead() is not None and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            loop.cancel()
+        assert dead() is None

@@ -87,7 +87,12 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
     """Run kopf with guardedcron's handlers until stopped (SIGTERM, or `stop_flag`)."""
     import kopf
 
-    from guardedcron.cli.operator_memory import allocator_trim, log_allocator, trim_periodically
+    from guardedcron.cli.operator_memory import (
+        allocator_trim,
+        log_allocator,
+        own_full_collections,
+        trim_periodically,
+    )
     from guardedcron.handlers import kopf_startup
     from guardedcron.handlers.context import OperatorContext
     from guardedcron.handlers.registry import build_registry
@@ -100,21 +105,21 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
     kopf_startup.install()  # before kopf builds its toggle sets: a start-up linear in objects
     trim = allocator_trim()  # give the start-up peak back to the system (operator_memory)
     log_allocator(trim, os.environ)
-    trimming = asyncio.create_task(trim_periodically(trim)) if trim is not None else None
+    trimming = asyncio.create_task(trim_periodically(trim))
     try:
-        await kopf.operator(
-            registry=build_registry(context),
-            clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces,
-            standalone=settings.peering is None,
-            peering_name=settings.peering,
-            priority=settings.priority,
-            liveness_endpoint=settings.liveness,
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
-        )
+        with own_full_collections():  # the trims' collections are the only full ones
+            await kopf.operator(
+                registry=build_registry(context),
+                clusterwide=not settings.namespaces,
+                namespaces=settings.namespaces,
+                standalone=settings.peering is None,
+                peering_name=settings.peering,
+                priority=settings.priority,
+                liveness_endpoint=settings.liveness,
+                stop_flag=stop_flag,
+                ready_flag=ready_flag,
+            )
     finally:
-        if trimming is not None:
-            trimming.cancel()
+        trimming.cancel()
         if server is not None:
             await server.stop()

@@ -30,17 +30,25 @@ leaves a cycle of a whole object's size that only a full collection frees, and C
 starts one only once the cycles pending reach a quarter of everything long-lived: at
 1,000 GuardedCronJobs, one to two thousand dead bodies (37 MB) stayed after a start
 (docs/benchmarks.md, "Memory: the bodies kopf keeps and leaves").
+
+Those trims' collections are the operator's only full ones (`own_full_collections`):
+CPython's own start each time the old generation grew by a quarter, and a start-up grows
+it from a few hundred thousand objects to two million, so it ran 28 of them in a first
+start over 10,000 GuardedCronJobs (36 s of 158 s of CPU) and 16 in a restart (12 s of
+80 s), each holding the event loop for up to 3 s. The young generations stay CPython's.
+Without an allocator to trim, the same loop still collects (`trim` None).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -64,6 +72,9 @@ JEMALLOC_PURGE_ALL = b"arena.4096.purge"
 TRIM_SECONDS = 5.0  # between trims while the memory moves
 IDLE_TRIM_SECONDS = 60.0  # between trims once it is steady
 STEADY_MIB = 1.0  # moved less than this since the last trim, and a trim gave back less: steady
+# gc's third threshold: full collections (gen2) after this many collections of the middle
+# generation. CPython stores it in a C int; at this value it never starts one itself.
+NEVER = 2**31 - 1
 
 logger = logging.getLogger("guardedcron.memory")
 
@@ -129,6 +140,19 @@ def collect_cycles() -> None:
                  (time.monotonic() - started) * 1000)
 
 
+@contextlib.contextmanager
+def own_full_collections() -> Iterator[None]:
+    """Within: full collections are `trim_periodically`'s alone (at most IDLE_TRIM_SECONDS +
+    TRIM_SECONDS apart; the module's docstring says why); CPython keeps collecting the
+    young generations. The thresholds before come back on the way out."""
+    before = gc.get_threshold()
+    gc.set_threshold(before[0], before[1], NEVER)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 def wants_collection(resident: float, last: float, since_collection: float,
                      idle_seconds: float) -> bool:
     """Whether a trim collects cycles first: once resident memory stopped moving since
@@ -138,12 +162,14 @@ def wants_collection(resident: float, last: float, since_collection: float,
     return abs(resident - last) < STEADY_MIB or since_collection >= idle_seconds
 
 
-async def trim_once(trim: Trim, *, collect: bool = True) -> tuple[float, float]:
-    """Collect cycles if `collect`, then trim in a worker thread; resident MiB before
-    and after (logged)."""
+async def trim_once(trim: Trim | None, *, collect: bool = True) -> tuple[float, float]:
+    """Collect cycles if `collect`, then trim in a worker thread (unless `trim` is None);
+    resident MiB before and after (logged)."""
     before = resident_mib()
     if collect:
         collect_cycles()
+    if trim is None:
+        return before, resident_mib()
     started = time.monotonic()
     await asyncio.to_thread(trim)
     after = resident_mib()
@@ -152,10 +178,11 @@ async def trim_once(trim: Trim, *, collect: bool = True) -> tuple[float, float]:
     return before, after
 
 
-async def trim_periodically(trim: Trim, *, busy_seconds: float = TRIM_SECONDS,
+async def trim_periodically(trim: Trim | None, *, busy_seconds: float = TRIM_SECONDS,
                             idle_seconds: float = IDLE_TRIM_SECONDS) -> None:
     """Trim every `busy_seconds` while the memory moves, every `idle_seconds` once it is
-    steady; until cancelled. Each trim collects cycles first when `wants_collection`."""
+    steady; until cancelled. Each trim collects cycles first when `wants_collection`, so
+    full collections are at most `idle_seconds + busy_seconds` apart (plus their own time)."""
     delay, last = busy_seconds, 0.0
     collected = time.monotonic()
     while True:
