@@ -168,8 +168,9 @@ async def test_the_trim_loop_collects_without_an_allocator_to_trim() -> None:
     collections that `own_full_collections` leaves to it: a cycle that died in the old
     generation, which young collections never free, is freed by the loop."""
     with operator_memory.own_full_collections():
+        freed = asyncio.Event()
         cycle = Cycle()
-        dead = weakref.ref(cycle)
+        dead = weakref.ref(cycle, lambda _: freed.set())
         gc.collect(1)  # it survives the young generations: it is in the old one now
         del cycle
         for _ in range(20):
@@ -178,9 +179,7 @@ async def test_the_trim_loop_collects_without_an_allocator_to_trim() -> None:
         loop = asyncio.create_task(operator_memory.trim_periodically(None, busy_seconds=0.05,
                                                                      idle_seconds=0.2))
         try:
-            deadline = asyncio.get_running_loop().time() + COLLECTED_BOUND_SECONDS
-            while dead() is not None and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
+            await asyncio.wait_for(freed.wait(), COLLECTED_BOUND_SECONDS)
         finally:
             loop.cancel()
         assert dead() is None
