@@ -51,8 +51,8 @@ class HandledEssences(kopf.DiffBaseStorage):
     def build(self, *, body: kopf.Body,
               extra_fields: Iterable[kopf.FieldSpec] | None = None) -> kopf.BodyEssence:
         """kopf's essence, built from the parts of the body it keeps. kopf's own build
-        deep-copies the whole body first, and the status and managed fields it then
-        drops were a fifth of the operator's CPU on a restart (five builds per object)."""
+        deep-copies the whole body first, status and managed fields included, only to
+        drop them, five times per object on a restart (3-4 % of its CPU at 10,000)."""
         if extra_fields:
             return super().build(body=body, extra_fields=extra_fields)  # fields kopf may take from status
         metadata = body.get("metadata") or {}
