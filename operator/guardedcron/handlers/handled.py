@@ -37,8 +37,7 @@ import kopf
 from guardedcron import contract
 
 DIGEST_BYTES = 16
-# What kopf's essence drops: it copies the whole body, status and managedFields
-# included, and then deletes these (keeping only the labels and annotations of metadata).
+# What kopf's essence drops (of metadata it keeps the labels and annotations).
 NOT_IN_ESSENCE = frozenset({"apiVersion", "kind", "metadata", "status"})
 METADATA_IN_ESSENCE = ("labels", "annotations")
 
@@ -68,13 +67,9 @@ class HandledEssences(kopf.DiffBaseStorage):
         annotations = (kept.get("metadata") or {}).get("annotations") or {}
         if any(key.startswith(prefix) for key in annotations):
             annotations = {k: v for k, v in annotations.items() if not k.startswith(prefix)}
-            # Emptied stanzas go, as kopf's build removes them: the same digest as without.
-            metadata = {**kept["metadata"], "annotations": annotations}
-            if not annotations:
-                del metadata["annotations"]
-            kept["metadata"] = metadata
-            if not metadata:
-                del kept["metadata"]
+            kept["metadata"] = {**kept["metadata"], "annotations": annotations}
+            # Emptied stanzas go, as in kopf's build: the same digest as without them.
+            self.remove_empty_stanzas(cast(kopf.BodyEssence, kept))
         text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
         return hashlib.blake2b(text.encode(), digest_size=DIGEST_BYTES).digest()
 
