@@ -17,7 +17,8 @@ operator's own process tells what holds its memory. Each SIGUSR2 writes, into DI
   is free memory the heaps keep; `<n>.malloc_info.xml` has each arena's own account;
 - where jemalloc serves (the chart's allocator), its account too (`stats.allocated`,
   `active`, `resident`, `mapped`, `retained`), before and after a purge of every arena,
-  with the RSS after it.
+  with the RSS after it, the bytes in large allocations, and each small size class's
+  live regions against the slabs holding them (`jemalloc_bins`).
 
 Usage: python bench/heap_probe.py DIR FRAMES operator --standalone
 """
@@ -119,6 +120,30 @@ def jemalloc_stats(mallctl: Callable[..., int]) -> dict[str, int]:
     return found
 
 
+def _mallctl_read(mallctl: Callable[..., int], name: str, kind: type = ctypes.c_size_t) -> int:
+    value = kind(0)
+    size = ctypes.c_size_t(ctypes.sizeof(value))
+    if mallctl(name.encode(), ctypes.byref(value), ctypes.byref(size), None, 0) != 0:
+        raise OSError(f"mallctl {name} failed")
+    return int(value.value)
+
+
+def jemalloc_bins(mallctl: Callable[..., int]) -> list[dict[str, int]]:
+    """Each small size class over every arena (after the `epoch` write of
+    jemalloc_stats): KiB in live regions against KiB of the slabs that hold them, so a
+    class whose slabs are mostly free shows where the resident memory is not live data."""
+    found = []
+    for index in range(_mallctl_read(mallctl, "arenas.nbins", ctypes.c_uint)):
+        size = _mallctl_read(mallctl, f"arenas.bin.{index}.size")
+        slab = _mallctl_read(mallctl, f"arenas.bin.{index}.slab_size")
+        regions = _mallctl_read(mallctl, f"stats.arenas.4096.bins.{index}.curregs")
+        slabs = _mallctl_read(mallctl, f"stats.arenas.4096.bins.{index}.curslabs")
+        nonfull = _mallctl_read(mallctl, f"stats.arenas.4096.bins.{index}.nonfull_slabs")
+        found.append({"size": size, "live_kib": regions * size // 1024,
+                      "slabs_kib": slabs * slab // 1024, "slabs": slabs, "nonfull_slabs": nonfull})
+    return found
+
+
 def jemalloc_census() -> dict[str, object]:
     """jemalloc's account before and after a purge of every arena (what the operator's
     trim does under it), with the RSS after it; empty where jemalloc does not serve."""
@@ -128,9 +153,11 @@ def jemalloc_census() -> dict[str, object]:
     if mallctl is None:
         return {}
     before = jemalloc_stats(mallctl)
+    bins = jemalloc_bins(mallctl)
+    large = _mallctl_read(mallctl, "stats.arenas.4096.large.allocated") // 1024
     mallctl(JEMALLOC_PURGE_ALL, None, None, None, 0)
-    return {"jemalloc": before, "jemalloc_after_purge": jemalloc_stats(mallctl),
-            "rss_kib_after_purge": rss_kib()}
+    return {"jemalloc": before, "jemalloc_large_allocated_kib": large, "jemalloc_bins": bins,
+            "jemalloc_after_purge": jemalloc_stats(mallctl), "rss_kib_after_purge": rss_kib()}
 
 
 def deep_size(roots: list[object]) -> int:
@@ -171,6 +198,34 @@ def holders(objects: list[object]) -> Counter[str]:
     return found
 
 
+# Where jemalloc's small size classes end, to sort objects into them (a Python object is
+# one malloc of sys.getsizeof bytes under PYTHONMALLOC=malloc).
+HOLDERS_SAMPLE = 100  # bodies and patches whose referrers the census looks up
+SIZE_CLASSES = (8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def by_size_class(tracked: list[object]) -> dict[str, dict[str, int]]:
+    """Live objects by the small size class they take and by type: the tracked ones, and
+    the strings, bytes and numbers they refer to (not tracked by gc, each counted once)."""
+    found: dict[str, Counter[str]] = {}
+    seen: set[int] = set()
+
+    def count(obj: object) -> None:
+        size = sys.getsizeof(obj)
+        for limit in SIZE_CLASSES:
+            if size <= limit:
+                found.setdefault(str(limit), Counter())[type(obj).__qualname__] += 1
+                return
+
+    for obj in tracked:
+        count(obj)
+        for referent in gc.get_referents(obj):
+            if not gc.is_tracked(referent) and id(referent) not in seen:
+                seen.add(id(referent))
+                count(referent)
+    return {limit: dict(types.most_common(12)) for limit, types in found.items()}
+
+
 def dump(directory: Path, number: int) -> None:
     rss = rss_kib()
     pymalloc_stats(directory / f"{number}.pymalloc.txt")
@@ -180,7 +235,8 @@ def dump(directory: Path, number: int) -> None:
     sizes: Counter[str] = Counter()
     kopf: dict[str, list[object]] = {"kopf._cogs.structs.bodies.Body": [],
                                      "kopf._cogs.structs.patches.Patch": []}
-    for obj in gc.get_objects():  # dead cycles not yet collected included: they hold memory
+    tracked = gc.get_objects()
+    for obj in tracked:  # dead cycles not yet collected included: they hold memory
         name = f"{type(obj).__module__}.{type(obj).__qualname__}"
         counts[name] += 1
         sizes[name] += sys.getsizeof(obj)
@@ -195,13 +251,15 @@ def dump(directory: Path, number: int) -> None:
         # kopf keeps a Body per object while it has timers or daemons (live_fresh_body)
         "kopf_bodies": len(bodies),
         "kopf_bodies_deep_bytes": deep_size([body._src for body in bodies]),  # type: ignore[attr-defined]
-        "kopf_bodies_held_by": dict(holders(bodies).most_common(12)),
-        "kopf_patches_held_by": dict(holders(patches).most_common(12)),
+        # A sample: each referrer search walks every live object.
+        "kopf_bodies_held_by": dict(holders(bodies[:HOLDERS_SAMPLE]).most_common(12)),
+        "kopf_patches_held_by": dict(holders(patches[:HOLDERS_SAMPLE]).most_common(12)),
         **glibc_census(directory / f"{number}.malloc_info.xml"),
         **jemalloc_census(),
         "by_count": dict(counts.most_common(40)),
-        "by_shallow_bytes": dict(sizes.most_common(40))}
-    del bodies, patches, kopf
+        "by_shallow_bytes": dict(sizes.most_common(40)),
+        "by_size_class": by_size_class(tracked)}
+    del bodies, patches, kopf, tracked
     started = time.monotonic()
     gc.collect()  # what the operator's trim does first: how long it holds the loop
     census["full_collection_ms"] = round((time.monotonic() - started) * 1000, 1)

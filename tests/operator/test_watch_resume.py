@@ -29,7 +29,7 @@ from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import watching
 from kopf.testing import KopfRunner
 
-from guardedcron.handlers import kopf_startup
+from guardedcron.handlers import kopf_startup, reconcile
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.registry import GCJ, build_registry
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient, NotFound
@@ -179,3 +179,45 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
     assert len(stored) >= 2, stored
     assert handed and all(fields is None for fields in handed), handed
 
+
+
+async def test_the_first_listing_comes_in_pages_and_misses_no_object(
+        plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf lists each resource LIST_CHUNK_SIZE objects at a time (reconcile.configure_kopf):
+    with pages of 2, five GuardedCronJobs take three LISTs, and each gets its CronJob."""
+    namespace, page, names = "paged", 2, [f"paged-{index}" for index in range(5)]
+    monkeypatch.setenv("KUBECONFIG", str(plane.kubeconfig))
+    monkeypatch.setattr(reconcile, "LIST_CHUNK_SIZE", page)
+    plane.kubectl("create", "namespace", namespace)
+    info = kopf.ConnectionInfo(server=plane.server, ca_path=str(plane.ca_file),
+                               certificate_path=str(plane.admin_cert_file),
+                               private_key_path=str(plane.admin_key_file))
+    client = KubeClient(info)
+    try:
+        for name in names:
+            await client.create(GUARDED_CRONJOBS, namespace, put(gcj(name), "metadata.namespace", namespace))
+        before = namespaced_requests(plane)
+        settings = Settings(build=SETTINGS, namespaces=(namespace,))
+        context = OperatorContext(client=KubeClient(), settings=settings)
+        monkeypatch.setattr(aiotoggles, "ToggleSet", aiotoggles.ToggleSet)  # restored afterwards
+        monkeypatch.setattr(watching, "continuous_watch", watching.continuous_watch)
+        kopf_startup.install()
+        runner = KopfRunner(["run", "--standalone", "--namespace", namespace],
+                            registry=build_registry(context), timeout=WAIT_SECONDS)
+        with runner:
+            async def every_cronjob() -> bool:
+                for name in names:
+                    try:
+                        await client.get(CRONJOBS, namespace, name)
+                    except NotFound:
+                        return False
+                return True
+
+            await until(every_cronjob, "a CronJob for each of the five listed GuardedCronJobs")
+            served = namespaced_requests(plane) - before
+        assert runner.exit_code == 0, runner.output
+    finally:
+        await client.close()
+    # ceil(5 / 2) pages of GuardedCronJobs; the other resources have none here: one each.
+    assert served["LIST guardedcronjobs"] == -(-len(names) // page), served
+    assert served["LIST cronjobs"] == 1, served
