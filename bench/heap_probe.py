@@ -8,7 +8,8 @@ operator's own process tells what holds its memory. Each SIGUSR2 writes, into DI
   bytes are not tracked, the containers holding them are), the bytes tracemalloc
   traces, and the process's RSS just before the dump; the time a full collection of
   reference cycles takes (what the operator's trim does first), and kopf's live bodies
-  (`Body`: how many, their bytes, what refers to them and to kopf's `Patch`es);
+  (`Body`: how many, their bytes, what refers to a sample of them and of kopf's
+  `Patch`es), and live objects by the small size class they take (`by_size_class`);
 - `<n>.pymalloc.txt`: `sys._debugmallocstats()`, pymalloc's arenas and free pools;
 - in the census, glibc's own account (`mallinfo2`: bytes its heaps took from the system,
   bytes in use, bytes free inside them, and mmapped blocks), before and after a
