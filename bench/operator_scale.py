@@ -65,7 +65,7 @@ ALLOCATORS = ("chart", "glibc", "pymalloc")
 SETTLE_SECONDS = 3.0  # after the last object: late writes would show in the counts
 # kopf's per-object workers end 5 s after their last event (settings.batching.idle_timeout),
 # each with the body it held: RSS this long after the settle is the steady figure.
-STEADY_SECONDS = 20.0
+STEADY_SECONDS = 20.0  # the default of --steady
 
 
 def gcj(index: int, namespaces: int) -> dict[str, Any]:
@@ -168,7 +168,8 @@ class Operator:
 
 async def measure(target: Target, objects: int, namespaces: int, phase_seconds: float,
                   workdir: Path, profile: Path | None, code: Tree | None,
-                  heap: Path | None = None, allocator: str = "chart") -> dict[str, Any]:
+                  heap: Path | None = None, allocator: str = "chart",
+                  steady_seconds: float = STEADY_SECONDS) -> dict[str, Any]:
     await target.seed([gcj(i, namespaces) for i in range(objects)])
     load_at_start = os.getloadavg()[0]
 
@@ -191,7 +192,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         passes_first = await op.passes()
         create = split(await target.tally() - before, objects)
         rss, peak = op.rss()
-        await asyncio.sleep(STEADY_SECONDS)
+        await asyncio.sleep(steady_seconds)
         steady, _ = op.rss()
         await op.dump_heap()
 
@@ -206,7 +207,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         passes_restart = await op.passes()
         idle = split(await target.tally() - before, objects)
         idle_rss, idle_peak = op.rss()
-        await asyncio.sleep(STEADY_SECONDS)
+        await asyncio.sleep(steady_seconds)
         idle_steady, _ = op.rss()
         await op.dump_heap()
 
@@ -221,7 +222,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         "create": create,
         "rss_mib_at_all_objects": round(rss, 1),
         "rss_peak_mib": round(peak, 1),
-        f"rss_mib_steady_{STEADY_SECONDS:.0f}s_later": round(steady, 1),
+        f"rss_mib_steady_{steady_seconds:.0f}s_later": round(steady, 1),
         "restart_to_all_resumed_s": round(resumed_s, 1),
         "operator_cpu_s_restart": round(cpu_restart, 1),
         "operator_cpu_ms_per_object_restart": round(cpu_restart * 1000 / objects, 1),
@@ -229,7 +230,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         "idle_restart": idle,
         "rss_mib_after_restart": round(idle_rss, 1),
         "rss_peak_mib_after_restart": round(idle_peak, 1),
-        f"rss_mib_steady_{STEADY_SECONDS:.0f}s_after_restart": round(idle_steady, 1),
+        f"rss_mib_steady_{steady_seconds:.0f}s_after_restart": round(idle_steady, 1),
         "load_average_1m_at_start": load_at_start,
         "load_average_1m_at_end": os.getloadavg()[0],
         "logs": str(workdir),
@@ -245,7 +246,7 @@ def control_plane(keep_logs: Path) -> Iterator[ControlPlane]:
 
 async def run(options: argparse.Namespace, workdir: Path, code: Tree | None) -> dict[str, Any]:
     args = (options.objects, options.namespaces, options.timeout, workdir, options.profile, code,
-            options.heap, options.allocator)
+            options.heap, options.allocator, options.steady)
     if options.api == "emulator":
         async with Emulator(workdir) as emulator:
             return {"api": "emulator", **await measure(emulator, *args)}
@@ -266,6 +267,8 @@ def main() -> None:
     parser.add_argument("--code", help="run this commit's operator code instead of the working tree's")
     parser.add_argument("--allocator", choices=ALLOCATORS, default="chart",
                         help="the operator's allocator: the chart's (jemalloc), glibc's or CPython's")
+    parser.add_argument("--steady", type=float, default=STEADY_SECONDS,
+                        help="seconds after each phase's settle at which RSS is read again")
     options = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="guardedcron-bench-scale-"))
     if options.profile is not None:
