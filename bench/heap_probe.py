@@ -199,9 +199,9 @@ def holders(objects: list[object]) -> Counter[str]:
     return found
 
 
+HOLDERS_SAMPLE = 100  # bodies and patches whose referrers the census looks up
 # Where jemalloc's small size classes end, to sort objects into them (a Python object is
 # one malloc of sys.getsizeof bytes under PYTHONMALLOC=malloc).
-HOLDERS_SAMPLE = 100  # bodies and patches whose referrers the census looks up
 SIZE_CLASSES = (8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
