@@ -113,12 +113,7 @@ def jemalloc_stats(mallctl: Callable[..., int]) -> dict[str, int]:
     each `epoch` write): bytes allocated, on active pages, resident, mapped, retained."""
     epoch = ctypes.c_uint64(1)
     mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
-    found = {}
-    for name in JEMALLOC_STATS:
-        value, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
-        mallctl(f"stats.{name}".encode(), ctypes.byref(value), ctypes.byref(size), None, 0)
-        found[f"{name}_kib"] = value.value // 1024
-    return found
+    return {f"{name}_kib": _mallctl_read(mallctl, f"stats.{name}") // 1024 for name in JEMALLOC_STATS}
 
 
 def _mallctl_read(mallctl: Callable[..., int], name: str, kind: type = ctypes.c_size_t) -> int:

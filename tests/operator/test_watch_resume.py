@@ -104,16 +104,23 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
         await asyncio.sleep(0.3)
 
 
-async def cronjob_exists(client: KubeClient, name: str) -> bool:
+async def cronjob_exists(client: KubeClient, name: str, namespace: str = NS) -> bool:
     try:
-        await client.get(CRONJOBS, NS, name)
+        await client.get(CRONJOBS, namespace, name)
     except NotFound:
         return False
     return True
 
 
-def gcj(name: str) -> dict[str, Any]:
-    obj = put(put(base_gcj(), "metadata.name", name), "metadata.namespace", NS)
+def admin_client(plane: ControlPlane) -> KubeClient:
+    """A client of the test's own, as the control plane's administrator."""
+    return KubeClient(kopf.ConnectionInfo(server=plane.server, ca_path=str(plane.ca_file),
+                                          certificate_path=str(plane.admin_cert_file),
+                                          private_key_path=str(plane.admin_key_file)))
+
+
+def gcj(name: str, namespace: str = NS) -> dict[str, Any]:
+    obj = put(put(base_gcj(), "metadata.name", name), "metadata.namespace", namespace)
     return put(obj, "spec.schedule", "0 0 1 1 *")
 
 
@@ -121,10 +128,7 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
         plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBECONFIG", str(plane.kubeconfig))
     watches = WatchRequests(monkeypatch)
-    info = kopf.ConnectionInfo(server=plane.server, ca_path=str(plane.ca_file),
-                               certificate_path=str(plane.admin_cert_file),
-                               private_key_path=str(plane.admin_key_file))
-    client = KubeClient(info)
+    client = admin_client(plane)
     try:
         await client.create(GUARDED_CRONJOBS, NS, gcj("before"))
         before = namespaced_requests(plane)
@@ -180,7 +184,6 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
     assert handed and all(fields is None for fields in handed), handed
 
 
-
 async def test_the_first_listing_comes_in_pages_and_misses_no_object(
         plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf lists each resource LIST_CHUNK_SIZE objects at a time (reconcile.configure_kopf):
@@ -189,13 +192,10 @@ async def test_the_first_listing_comes_in_pages_and_misses_no_object(
     monkeypatch.setenv("KUBECONFIG", str(plane.kubeconfig))
     monkeypatch.setattr(reconcile, "LIST_CHUNK_SIZE", page)
     plane.kubectl("create", "namespace", namespace)
-    info = kopf.ConnectionInfo(server=plane.server, ca_path=str(plane.ca_file),
-                               certificate_path=str(plane.admin_cert_file),
-                               private_key_path=str(plane.admin_key_file))
-    client = KubeClient(info)
+    client = admin_client(plane)
     try:
         for name in names:
-            await client.create(GUARDED_CRONJOBS, namespace, put(gcj(name), "metadata.namespace", namespace))
+            await client.create(GUARDED_CRONJOBS, namespace, gcj(name, namespace))
         before = namespaced_requests(plane)
         settings = Settings(build=SETTINGS, namespaces=(namespace,))
         context = OperatorContext(client=KubeClient(), settings=settings)
@@ -206,12 +206,7 @@ async def test_the_first_listing_comes_in_pages_and_misses_no_object(
                             registry=build_registry(context), timeout=WAIT_SECONDS)
         with runner:
             async def every_cronjob() -> bool:
-                for name in names:
-                    try:
-                        await client.get(CRONJOBS, namespace, name)
-                    except NotFound:
-                        return False
-                return True
+                return all([await cronjob_exists(client, name, namespace) for name in names])
 
             await until(every_cronjob, "a CronJob for each of the five listed GuardedCronJobs")
             served = namespaced_requests(plane) - before
