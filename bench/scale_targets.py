@@ -101,8 +101,7 @@ class RealApiServer:
 
     async def seed(self, objects: Sequence[dict[str, Any]]) -> None:
         self.plane.kubectl("apply", "-f", str(CRD_DIR))
-        self.plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                           f"crd/{contract.PLURAL}.{contract.API_GROUP}")
+        self.plane.wait_established(f"{contract.PLURAL}.{contract.API_GROUP}")
         namespaces = sorted({o["metadata"]["namespace"] for o in objects})
         await self._all([self.client.create(NAMESPACES, None, {
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}) for ns in namespaces])

@@ -301,17 +301,7 @@ class Cluster:
 
     def apply_crds(self) -> None:
         self.kubectl("apply", "-f", str(crd_source()))
-        # Polled, not `kubectl wait`: kubectl 1.35 fails at once ("accessor error") when it
-        # reads a CRD whose status has no conditions yet, as a re-created one may.
-        name = f"{contract.PLURAL}.{contract.API_GROUP}"
-
-        def established() -> bool:
-            crd = self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
-            conditions = (crd.get("status") or {}).get("conditions") or []
-            return any(c.get("type") == "Established" and c.get("status") == "True"
-                       for c in conditions)
-
-        wait_for(f"the CRD {name} is established in {self.name}", established)
+        self.plane.wait_established(f"{contract.PLURAL}.{contract.API_GROUP}")
 
     def create_namespace(self, namespace: str) -> None:
         self.kubectl("create", "namespace", namespace)

@@ -65,7 +65,7 @@ def cli_plane(control_plane_factory: Callable[[str], ControlPlane]) -> ControlPl
     the chart's CRD from Helm, which will not adopt a kubectl-made one)."""
     plane = control_plane_factory("cli-logins")
     plane.kubectl("apply", "-f", str(Path(__file__).resolve().parents[2] / "crds"))
-    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{GCJ}")
+    plane.wait_established(GCJ)
     return plane
 
 

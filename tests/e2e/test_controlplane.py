@@ -92,9 +92,7 @@ def items(cluster: ControlPlane, *args: str) -> list[dict[str, Any]]:
 def test_cel_rule_of_a_crd_rejects_a_violating_object(control_plane: ControlPlane) -> None:
     namespace = fresh_namespace(control_plane)
     control_plane.kubectl("apply", "-f", "-", input=WIDGET_CRD)
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "crd/widgets.smoke.guardedcron.io", "--timeout=60s"
-    )
+    control_plane.wait_established("widgets.smoke.guardedcron.io")
     # Discovery of the new resource lags a little behind Established.
     wait_for(
         "kubectl knows the widgets resource",

@@ -69,8 +69,7 @@ def test_the_operator_in_the_image_runs_read_only_and_makes_the_cronjob(
     tmp_path: Path,
 ) -> None:
     kubectl(control_plane, "apply", "-f", str(CRD))
-    kubectl(control_plane, "wait", "--for=condition=Established", "--timeout=60s",
-            f"crd/{contract.PLURAL}.{contract.API_GROUP}")
+    control_plane.wait_established(f"{contract.PLURAL}.{contract.API_GROUP}")
     kubectl(control_plane, "create", "namespace", "shop")
     kubectl(control_plane, "apply", "-f", str(EXAMPLE))
 

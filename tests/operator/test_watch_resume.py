@@ -57,8 +57,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
                       logs_dir=tmp_path_factory.mktemp("watch-resume-logs"),
                       progress=lambda line: None) as plane:
         plane.kubectl("apply", "-f", str(CRD_DIR))
-        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                      "crd/guardedcronjobs.guardedcron.io")
+        plane.wait_established("guardedcronjobs.guardedcron.io")
         plane.kubectl("create", "namespace", NS)
         yield plane
 

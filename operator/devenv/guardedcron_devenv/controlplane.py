@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -343,6 +344,25 @@ class ControlPlane:
         if check and result.returncode != 0:
             raise KubectlError(args, result)
         return result
+
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Wait until the CustomResourceDefinition named `crd` is Established. Polled, not
+        `kubectl wait`: kubectl 1.35 fails at once ("accessor error: <nil>") when it reads
+        a CRD whose status has no conditions yet, as one applied a moment ago may."""
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conditions = (json.loads(self._get_text(path)).get("status") or {}).get("conditions") or []
+            except urllib.error.HTTPError as error:
+                if error.code != 404:
+                    raise
+                conditions = []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {crd} not Established after {timeout:.0f} s")
+            time.sleep(0.2)
 
     def kubectl_json(self, *args: str) -> Any:
         """`kubectl <args> -o json`, parsed."""

@@ -105,9 +105,7 @@ def crds_dir() -> Path:
 
 def start_cluster(name: str, dsn: str, plane: ControlPlane, stack: ExitStack, say: Say) -> Cluster:
     plane.kubectl("apply", "-f", str(crds_dir()))
-    plane.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/guardedcronjobs.guardedcron.io"
-    )
+    plane.wait_established("guardedcronjobs.guardedcron.io")
     api = AdminApi(plane.server, plane.ca_file, plane.admin_cert_file, plane.admin_key_file)
     api.post("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
     api.post(
