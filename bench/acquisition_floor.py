@@ -1,0 +1,199 @@
+"""What recording history costs one client, apart from what our checks cost (issue 13).
+
+One client takes a lock and lets it go, over and over (every call wins), three ways on
+one durable server and one database, in alternating rounds:
+
+- **ours**: `acquire_v2` + `release_v2` as shipped (the current schema).
+- **history only**: a bench-only pair of functions, `bench_floor.acquire` and
+  `bench_floor.release`, on the same tables. They keep what any lease with history and a
+  fence must do: read the lease row under a row lock, draw a fence from the sequence,
+  insert the run, point the lease at it, and on release end both in one statement. They
+  drop everything else ours does: the grant check, the argument checks, the read without
+  a row lock that answers a held lease cheaply, the lock timeout, slot claims, the
+  retried-call answer, the fence's guards against a sequence set back or used up, the
+  abandoned run's record, retention, and the plan settings. **Not a candidate schema**:
+  it only shows how far the cost of the checks stands from the cost of the history.
+- **insert-then-update** (ShedLock's JDBC pattern, as in `bench/lease_acquire.py`).
+
+Per approach: cycles a second (median of the rounds, min-max) and, over a separate
+stretch after a checkpoint, the WAL per cycle by record type (`pg_waldump --stats`).
+
+    nice -n 5 .venv/bin/python -m bench.acquisition_floor [--rounds 6] [--cycles 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+
+from bench import lease_acquire
+from bench.common import Connection, Table, connect, durable_server, fresh_database, machine_line, wal_lsn
+from guardedcron_devenv.postgres import SERVER_USER, ThrowawayPostgres
+
+FLOOR_LOCK = "bench-floor-lock"
+
+FLOOR_SQL = """
+CREATE SCHEMA IF NOT EXISTS bench_floor;
+CREATE OR REPLACE FUNCTION bench_floor.acquire(p_lock text, p_holder text, p_lease_seconds double precision)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    cur guardedcron.leases%ROWTYPE;
+    t timestamptz := clock_timestamp();
+    new_fence bigint;
+BEGIN
+    SELECT * INTO cur FROM guardedcron.leases l WHERE l.lock_name = p_lock FOR UPDATE;
+    IF cur.locked_until > t THEN
+        RETURN NULL;
+    END IF;
+    new_fence := nextval('guardedcron.fences');
+    WITH won AS (
+        INSERT INTO guardedcron.runs (lock_name, holder, fence, started_at, outcome, generation)
+        VALUES (p_lock, p_holder, new_fence, t, 'running', cur.generation + 1) RETURNING id
+    )
+    UPDATE guardedcron.leases l
+       SET holder = p_holder, fence = new_fence, acquired_at = t,
+           locked_until = t + make_interval(secs => p_lease_seconds), min_hold_until = t,
+           run_id = (SELECT won.id FROM won), released_at = NULL, generation = cur.generation + 1
+     WHERE l.lock_name = p_lock;
+    RETURN new_fence;
+END $$;
+CREATE OR REPLACE FUNCTION bench_floor.release(p_lock text, p_holder text, p_fence bigint)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+BEGIN
+    WITH ended AS (
+        UPDATE guardedcron.leases l SET locked_until = t, released_at = t
+         WHERE l.lock_name = p_lock AND l.holder = p_holder AND l.fence = p_fence
+        RETURNING l.run_id
+    )
+    UPDATE guardedcron.runs r SET outcome = 'succeeded', finished_at = t
+     WHERE r.id = (SELECT ended.run_id FROM ended) AND r.lock_name = p_lock AND r.outcome = 'running';
+    RETURN FOUND;
+END $$;
+"""
+
+
+def floor_acquire(conn: Connection, holder: str, hold: float) -> int | None:
+    row = conn.execute(
+        "SELECT bench_floor.acquire(%s, %s, %s)", (FLOOR_LOCK, holder, lease_acquire.LEASE)
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def floor_release(conn: Connection, holder: str, fence: int) -> None:
+    conn.execute("SELECT bench_floor.release(%s, %s, %s)", (FLOOR_LOCK, holder, fence))
+
+
+Acquire = Callable[[Connection, str, float], int | None]
+Release = Callable[[Connection, str, int], None]
+APPROACHES: dict[str, tuple[Acquire, Release]] = {
+    "ours: acquire_v2 + release_v2": (lease_acquire.v2_acquire, lease_acquire.v2_release),
+    "history only (bench_floor, not a schema)": (floor_acquire, floor_release),
+    "insert-then-update (ShedLock JDBC pattern)": (
+        lease_acquire.shedlock_acquire,
+        lease_acquire.shedlock_release,
+    ),
+}
+
+
+def prepare(dsn: str) -> None:
+    lease_acquire.prepare(dsn)
+    with connect(dsn) as conn:
+        conn.execute(FLOOR_SQL)
+        # The floor's lease row exists from the start; it never makes one.
+        conn.execute(
+            "INSERT INTO guardedcron.leases (lock_name, holder, fence, acquired_at, locked_until,"
+            " min_hold_until, generation) VALUES (%s, '', 0, now(), now(), now(), 0)",
+            (FLOOR_LOCK,),
+        )
+
+
+def cycles(conn: Connection, acquire: Acquire, release: Release, count: int) -> float:
+    """Seconds for `count` wins, each let go; two holders in turn, so every win is a takeover."""
+    began = time.perf_counter()
+    for i in range(count):
+        holder = f"h{i % 2}"
+        token = acquire(conn, holder, 0)
+        if token is None:
+            raise RuntimeError(f"a single client lost a call ({holder}): the benchmark's premise is broken")
+        release(conn, holder, token)
+    return time.perf_counter() - began
+
+
+def wal_by_record(server: ThrowawayPostgres, start: int, end: int) -> dict[str, int]:
+    """Bytes of WAL (records and full-page images) per record type between two LSNs."""
+    def lsn(value: int) -> str:
+        return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+    run_as = ["runuser", "-u", SERVER_USER, "--"] if os.geteuid() == 0 else []
+    out = subprocess.run(
+        [*run_as, str(server.bin / "pg_waldump"), "-p", str(server.data / "pg_wal"),
+         "-s", lsn(start), "-e", lsn(end), "--stats=record"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    found: dict[str, int] = {}
+    for line in out.splitlines():
+        # "Heap/HOT_UPDATE   1500 ( 21.23)   163497 ( 28.76)   0 ( 0.00)   163497 ( 26.32)"
+        match = re.match(r"(\S+/\S+)\s+(\d+) \(.*\)\s+\d+ \(.*\)\s+\d+ \(.*\)\s+(\d+) \(", line)
+        if match and int(match.group(2)):
+            found[match.group(1)] = int(match.group(3))
+    return found
+
+
+def run(rounds: int, count: int) -> list[Table]:
+    with durable_server() as server:
+        dsn = fresh_database(server, "floor")
+        prepare(dsn)
+        rates: dict[str, list[float]] = {name: [] for name in APPROACHES}
+        wal: dict[str, dict[str, int]] = {}
+        with connect(dsn, "meter") as meter, connect(dsn, "client") as conn:
+            names = list(APPROACHES)
+            for name in names:  # warm: lock rows, plans, the fence sequence's cache
+                cycles(conn, *APPROACHES[name], 200)
+            for round_index in range(rounds):
+                for name in names if round_index % 2 == 0 else names[::-1]:
+                    rates[name].append(count / cycles(conn, *APPROACHES[name], count))
+            for name in names:
+                meter.execute("CHECKPOINT")
+                start = wal_lsn(meter)
+                cycles(conn, *APPROACHES[name], 500)
+                end = wal_lsn(meter)
+                meter.execute("SELECT pg_switch_wal()")  # the stretch is complete on disk for pg_waldump
+                wal[name] = {kind: size // 500 for kind, size in wal_by_record(server, start, end).items()}
+        pattern = statistics.median(rates[names[-1]])
+        speed = Table(
+            f"One client, {rounds} rounds of {count} cycles (acquire + release), approaches in turn",
+            ["approach", "cycles/s", "ratio to the pattern", "WAL bytes per cycle"],
+            notes=[machine_line(server)],
+        )
+        for name in names:
+            median = statistics.median(rates[name])
+            speed.add(
+                name, f"{median:.0f} ({min(rates[name]):.0f}-{max(rates[name]):.0f})",
+                f"{median / pattern:.2f}", sum(wal[name].values()),
+            )
+        ours = wal[names[0]]
+        kinds = sorted({kind for found in wal.values() for kind in found}, key=lambda k: -ours.get(k, 0))
+        records = Table("WAL per cycle by record type (bytes, full-page images included)", ["record", *names])
+        for kind in kinds:
+            records.add(kind, *(wal[name].get(kind, 0) for name in names))
+        return [speed, records]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--cycles", type=int, default=2000)
+    args = parser.parse_args()
+    for table in run(args.rounds, args.cycles):
+        print(table.markdown())
+
+
+if __name__ == "__main__":
+    main()
