@@ -126,23 +126,35 @@ def cycles(conn: Connection, acquire: Acquire, release: Release, count: int) -> 
     return time.perf_counter() - began
 
 
-def wal_by_record(server: ThrowawayPostgres, start: int, end: int) -> dict[str, int]:
-    """Bytes of WAL (records and full-page images) per record type between two LSNs."""
+def wal_by_record(server: ThrowawayPostgres, start: int, end: int) -> dict[str, tuple[int, int]]:
+    """Per record type between two LSNs: (bytes in all, of them full-page images)."""
+
     def lsn(value: int) -> str:
         return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
     run_as = ["runuser", "-u", SERVER_USER, "--"] if os.geteuid() == 0 else []
     out = subprocess.run(
-        [*run_as, str(server.bin / "pg_waldump"), "-p", str(server.data / "pg_wal"),
-         "-s", lsn(start), "-e", lsn(end), "--stats=record"],
-        capture_output=True, text=True, check=True,
+        [
+            *run_as,
+            str(server.bin / "pg_waldump"),
+            "-p",
+            str(server.data / "pg_wal"),
+            "-s",
+            lsn(start),
+            "-e",
+            lsn(end),
+            "--stats=record",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    found: dict[str, int] = {}
+    found: dict[str, tuple[int, int]] = {}
     for line in out.splitlines():
         # "Heap/HOT_UPDATE   1500 ( 21.23)   163497 ( 28.76)   0 ( 0.00)   163497 ( 26.32)"
-        match = re.match(r"(\S+/\S+)\s+(\d+) \(.*\)\s+\d+ \(.*\)\s+\d+ \(.*\)\s+(\d+) \(", line)
+        match = re.match(r"(\S+/\S+)\s+(\d+) \(.*\)\s+\d+ \(.*\)\s+(\d+) \(.*\)\s+(\d+) \(", line)
         if match and int(match.group(2)):
-            found[match.group(1)] = int(match.group(3))
+            found[match.group(1)] = (int(match.group(4)), int(match.group(3)))
     return found
 
 
@@ -151,7 +163,7 @@ def run(rounds: int, count: int) -> list[Table]:
         dsn = fresh_database(server, "floor")
         prepare(dsn)
         rates: dict[str, list[float]] = {name: [] for name in APPROACHES}
-        wal: dict[str, dict[str, int]] = {}
+        wal: dict[str, dict[str, tuple[int, int]]] = {}
         with connect(dsn, "meter") as meter, connect(dsn, "client") as conn:
             names = list(APPROACHES)
             for name in names:  # warm: lock rows, plans, the fence sequence's cache
@@ -165,7 +177,10 @@ def run(rounds: int, count: int) -> list[Table]:
                 cycles(conn, *APPROACHES[name], 500)
                 end = wal_lsn(meter)
                 meter.execute("SELECT pg_switch_wal()")  # the stretch is complete on disk for pg_waldump
-                wal[name] = {kind: size // 500 for kind, size in wal_by_record(server, start, end).items()}
+                wal[name] = {
+                    kind: (size // 500, images // 500)
+                    for kind, (size, images) in wal_by_record(server, start, end).items()
+                }
         pattern = statistics.median(rates[names[-1]])
         speed = Table(
             f"One client, {rounds} rounds of {count} cycles (acquire + release), approaches in turn",
@@ -175,14 +190,21 @@ def run(rounds: int, count: int) -> list[Table]:
         for name in names:
             median = statistics.median(rates[name])
             speed.add(
-                name, f"{median:.0f} ({min(rates[name]):.0f}-{max(rates[name]):.0f})",
-                f"{median / pattern:.2f}", sum(wal[name].values()),
+                name,
+                f"{median:.0f} ({min(rates[name]):.0f}-{max(rates[name]):.0f})",
+                f"{median / pattern:.2f}",
+                sum(size for size, _ in wal[name].values()),
             )
         ours = wal[names[0]]
-        kinds = sorted({kind for found in wal.values() for kind in found}, key=lambda k: -ours.get(k, 0))
-        records = Table("WAL per cycle by record type (bytes, full-page images included)", ["record", *names])
+        kinds = sorted(
+            {kind for found in wal.values() for kind in found}, key=lambda k: -ours.get(k, (0, 0))[0]
+        )
+        records = Table(
+            "WAL per cycle by record type: bytes (of them full-page images), 500 cycles after a checkpoint",
+            ["record", *names],
+        )
         for kind in kinds:
-            records.add(kind, *(wal[name].get(kind, 0) for name in names))
+            records.add(kind, *("{} ({})".format(*wal[name].get(kind, (0, 0))) for name in names))
         return [speed, records]
 
 
