@@ -160,6 +160,7 @@ def wal_by_record(server: ThrowawayPostgres, start: int, end: int) -> dict[str, 
 
 def run(rounds: int, count: int) -> list[Table]:
     with durable_server() as server:
+        machine = machine_line(server)  # its load average is the one at the start
         dsn = fresh_database(server, "floor")
         prepare(dsn)
         rates: dict[str, list[float]] = {name: [] for name in APPROACHES}
@@ -185,7 +186,7 @@ def run(rounds: int, count: int) -> list[Table]:
         speed = Table(
             f"One client, {rounds} rounds of {count} cycles (acquire + release), approaches in turn",
             ["approach", "cycles/s", "ratio to the pattern", "WAL bytes per cycle"],
-            notes=[machine_line(server)],
+            notes=[machine],
         )
         for name in names:
             median = statistics.median(rates[name])
