@@ -1,29 +1,33 @@
-"""What recording history costs one client, apart from what our checks cost (issue 13).
+"""What recording history costs a lease, apart from what our checks cost (issue 13).
 
-One client takes a lock and lets it go, over and over (every call wins), three ways on
-one durable server and one database, in alternating rounds:
+On one durable server and one database, in alternating rounds:
 
 - **ours**: `acquire_v2` + `release_v2` as shipped (the current schema).
 - **history only**: a bench-only pair of functions, `bench_floor.acquire` and
-  `bench_floor.release`, on the same tables. They keep what any lease with history and a
-  fence must do: read the lease row under a row lock, draw a fence from the sequence,
-  insert the run, point the lease at it, and on release end both in one statement. They
-  drop everything else ours does: the grant check, the argument checks, the read without
-  a row lock that answers a held lease cheaply, the lock timeout, slot claims, the
+  `bench_floor.release`, on the same tables. They keep what a lease with history and a
+  fence must do: answer a held lease from an unlocked read, else read the lease row under
+  a row lock, draw a fence from the sequence, insert the run and point the lease at it;
+  on release end both in one statement; a loss writes ours' `skipped` row
+  (`guardedcron._record_skip`), or, in the second kind, nothing. They drop everything else
+  ours does: the grant check, the argument checks, the lock timeout, slot claims, the
   retried-call answer, the fence's guards against a sequence set back or used up, the
   abandoned run's record, retention, and the plan settings. **Not a candidate schema**:
   it only shows how far the cost of the checks stands from the cost of the history.
 - **insert-then-update** (ShedLock's JDBC pattern, as in `bench/lease_acquire.py`).
 
-Per approach: cycles a second (median of the rounds, min-max) and, over a separate
-stretch after a checkpoint, the WAL per cycle by record type (`pg_waldump --stats`).
+One client (every call wins): cycles a second (median of the rounds, min-max) and, over a
+separate stretch after a checkpoint, the WAL per cycle by record type (`pg_waldump
+--stats`). Churn: 16 client processes on one lock, every winner letting go at once
+(answers and acquisitions a second).
 
     nice -n 5 .venv/bin/python -m bench.acquisition_floor [--rounds 6] [--cycles 2000]
+                                                        [--clients 16] [--seconds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import re
 import statistics
@@ -39,28 +43,37 @@ FLOOR_LOCK = "bench-floor-lock"
 
 FLOOR_SQL = """
 CREATE SCHEMA IF NOT EXISTS bench_floor;
-CREATE OR REPLACE FUNCTION bench_floor.acquire(p_lock text, p_holder text, p_lease_seconds double precision)
-RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION bench_floor.acquire(
+    p_lock text, p_holder text, p_lease_seconds double precision, p_record_loss boolean
+) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     cur guardedcron.leases%ROWTYPE;
     t timestamptz := clock_timestamp();
     new_fence bigint;
 BEGIN
-    SELECT * INTO cur FROM guardedcron.leases l WHERE l.lock_name = p_lock FOR UPDATE;
-    IF cur.locked_until > t THEN
-        RETURN NULL;
+    -- A held lease is answered without a row lock, as ours does, so losers do not queue.
+    SELECT * INTO cur FROM guardedcron.leases l WHERE l.lock_name = p_lock;
+    IF cur.locked_until <= t THEN
+        SELECT * INTO cur FROM guardedcron.leases l WHERE l.lock_name = p_lock FOR UPDATE;
+        t := clock_timestamp();
+        IF cur.locked_until <= t THEN
+            new_fence := nextval('guardedcron.fences');
+            WITH won AS (
+                INSERT INTO guardedcron.runs (lock_name, holder, fence, started_at, outcome, generation)
+                VALUES (p_lock, p_holder, new_fence, t, 'running', cur.generation + 1) RETURNING id
+            )
+            UPDATE guardedcron.leases l
+               SET holder = p_holder, fence = new_fence, acquired_at = t,
+                   locked_until = t + make_interval(secs => p_lease_seconds), min_hold_until = t,
+                   run_id = (SELECT won.id FROM won), released_at = NULL, generation = cur.generation + 1
+             WHERE l.lock_name = p_lock;
+            RETURN new_fence;
+        END IF;
     END IF;
-    new_fence := nextval('guardedcron.fences');
-    WITH won AS (
-        INSERT INTO guardedcron.runs (lock_name, holder, fence, started_at, outcome, generation)
-        VALUES (p_lock, p_holder, new_fence, t, 'running', cur.generation + 1) RETURNING id
-    )
-    UPDATE guardedcron.leases l
-       SET holder = p_holder, fence = new_fence, acquired_at = t,
-           locked_until = t + make_interval(secs => p_lease_seconds), min_hold_until = t,
-           run_id = (SELECT won.id FROM won), released_at = NULL, generation = cur.generation + 1
-     WHERE l.lock_name = p_lock;
-    RETURN new_fence;
+    IF p_record_loss THEN  -- ours' own loss record: a skipped run, committed without a flush
+        PERFORM guardedcron._record_skip(p_lock, p_holder, NULL, 'lease held', t);
+    END IF;
+    RETURN NULL;
 END $$;
 CREATE OR REPLACE FUNCTION bench_floor.release(p_lock text, p_holder text, p_fence bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
@@ -79,11 +92,15 @@ END $$;
 """
 
 
-def floor_acquire(conn: Connection, holder: str, hold: float) -> int | None:
+def floor_acquire(conn: Connection, holder: str, hold: float, record_loss: bool = True) -> int | None:
     row = conn.execute(
-        "SELECT bench_floor.acquire(%s, %s, %s)", (FLOOR_LOCK, holder, lease_acquire.LEASE)
+        "SELECT bench_floor.acquire(%s, %s, %s, %s)", (FLOOR_LOCK, holder, lease_acquire.LEASE, record_loss)
     ).fetchone()
     return int(row[0]) if row and row[0] is not None else None
+
+
+def floor_acquire_unrecorded(conn: Connection, holder: str, hold: float) -> int | None:
+    return floor_acquire(conn, holder, hold, record_loss=False)
 
 
 def floor_release(conn: Connection, holder: str, fence: int) -> None:
@@ -92,14 +109,18 @@ def floor_release(conn: Connection, holder: str, fence: int) -> None:
 
 Acquire = Callable[[Connection, str, float], int | None]
 Release = Callable[[Connection, str, int], None]
+OURS = "ours: acquire_v2 + release_v2"
+FLOOR = "history only (bench_floor, not a schema)"
+FLOOR_UNRECORDED = "history only, losses not recorded (bench_floor)"
+PATTERN = "insert-then-update (ShedLock JDBC pattern)"
 APPROACHES: dict[str, tuple[Acquire, Release]] = {
-    "ours: acquire_v2 + release_v2": (lease_acquire.v2_acquire, lease_acquire.v2_release),
-    "history only (bench_floor, not a schema)": (floor_acquire, floor_release),
-    "insert-then-update (ShedLock JDBC pattern)": (
-        lease_acquire.shedlock_acquire,
-        lease_acquire.shedlock_release,
-    ),
+    OURS: (lease_acquire.v2_acquire, lease_acquire.v2_release),
+    FLOOR: (floor_acquire, floor_release),
+    FLOOR_UNRECORDED: (floor_acquire_unrecorded, floor_release),
+    PATTERN: (lease_acquire.shedlock_acquire, lease_acquire.shedlock_release),
 }
+# One client never loses, so there the floor's two kinds are the same calls.
+SOLO = (OURS, FLOOR, PATTERN)
 
 
 def prepare(dsn: str) -> None:
@@ -158,63 +179,116 @@ def wal_by_record(server: ThrowawayPostgres, start: int, end: int) -> dict[str, 
     return found
 
 
-def run(rounds: int, count: int) -> list[Table]:
+def churn_client(args: tuple[str, str, int, float, float]) -> tuple[int, int, float]:
+    """One contending process: (calls, wins, seconds). Every winner lets go at once."""
+    dsn, name, client, seconds, start_at = args
+    acquire, release = APPROACHES[name]
+    calls = wins = 0
+    with connect(dsn, f"churn-{client}") as conn:
+        while time.time() < start_at:  # every process starts together
+            time.sleep(0.001)
+        began = time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            holder = f"c{client}.{calls % 2}"
+            token = acquire(conn, holder, 0)
+            calls += 1
+            if token is not None:
+                wins += 1
+                release(conn, holder, token)
+        return calls, wins, time.perf_counter() - began
+
+
+def churn(dsn: str, name: str, clients: int, seconds: float) -> tuple[float, float]:
+    """(answers/s, acquisitions/s) of `clients` processes on one lock."""
+    start_at = time.time() + 3.0  # time for every process to start and connect
+    jobs = [(dsn, name, client, seconds, start_at) for client in range(clients)]
+    with mp.get_context("spawn").Pool(clients) as pool:
+        results = pool.map(churn_client, jobs)
+    span = max(elapsed for _, _, elapsed in results)
+    return sum(c for c, _, _ in results) / span, sum(w for _, w, _ in results) / span
+
+
+def wal_per_cycle(
+    server: ThrowawayPostgres, meter: Connection, conn: Connection, name: str
+) -> dict[str, tuple[int, int]]:
+    meter.execute("CHECKPOINT")
+    start = wal_lsn(meter)
+    cycles(conn, *APPROACHES[name], 500)
+    end = wal_lsn(meter)
+    meter.execute("SELECT pg_switch_wal()")  # the stretch is complete on disk for pg_waldump
+    return {
+        kind: (size // 500, images // 500)
+        for kind, (size, images) in wal_by_record(server, start, end).items()
+    }
+
+
+def run(rounds: int, count: int, clients: int, seconds: float) -> list[Table]:
     with durable_server() as server:
         machine = machine_line(server)  # its load average is the one at the start
         dsn = fresh_database(server, "floor")
         prepare(dsn)
-        rates: dict[str, list[float]] = {name: [] for name in APPROACHES}
-        wal: dict[str, dict[str, tuple[int, int]]] = {}
+        rates: dict[str, list[float]] = {name: [] for name in SOLO}
         with connect(dsn, "meter") as meter, connect(dsn, "client") as conn:
-            names = list(APPROACHES)
-            for name in names:  # warm: lock rows, plans, the fence sequence's cache
+            for name in SOLO:  # warm: lock rows, plans, the fence sequence's cache
                 cycles(conn, *APPROACHES[name], 200)
             for round_index in range(rounds):
-                for name in names if round_index % 2 == 0 else names[::-1]:
+                for name in SOLO if round_index % 2 == 0 else SOLO[::-1]:
                     rates[name].append(count / cycles(conn, *APPROACHES[name], count))
-            for name in names:
-                meter.execute("CHECKPOINT")
-                start = wal_lsn(meter)
-                cycles(conn, *APPROACHES[name], 500)
-                end = wal_lsn(meter)
-                meter.execute("SELECT pg_switch_wal()")  # the stretch is complete on disk for pg_waldump
-                wal[name] = {
-                    kind: (size // 500, images // 500)
-                    for kind, (size, images) in wal_by_record(server, start, end).items()
-                }
-        pattern = statistics.median(rates[names[-1]])
-        speed = Table(
-            f"One client, {rounds} rounds of {count} cycles (acquire + release), approaches in turn",
-            ["approach", "cycles/s", "ratio to the pattern", "WAL bytes per cycle"],
-            notes=[machine],
+            wal = {name: wal_per_cycle(server, meter, conn, name) for name in SOLO}
+        contended: dict[str, list[tuple[float, float]]] = {name: [] for name in APPROACHES}
+        order = list(APPROACHES)
+        for round_index in range(2):
+            for name in order if round_index % 2 == 0 else order[::-1]:
+                contended[name].append(churn(dsn, name, clients, seconds))
+
+    pattern = statistics.median(rates[PATTERN])
+    speed = Table(
+        f"One client, {rounds} rounds of {count} cycles (acquire + release), approaches in turn",
+        ["approach", "cycles/s", "ratio to the pattern", "WAL bytes per cycle"],
+        notes=[machine],
+    )
+    for name in SOLO:
+        median = statistics.median(rates[name])
+        speed.add(
+            name,
+            f"{median:.0f} ({min(rates[name]):.0f}-{max(rates[name]):.0f})",
+            f"{median / pattern:.2f}",
+            sum(size for size, _ in wal[name].values()),
         )
-        for name in names:
-            median = statistics.median(rates[name])
-            speed.add(
-                name,
-                f"{median:.0f} ({min(rates[name]):.0f}-{max(rates[name]):.0f})",
-                f"{median / pattern:.2f}",
-                sum(size for size, _ in wal[name].values()),
-            )
-        ours = wal[names[0]]
-        kinds = sorted(
-            {kind for found in wal.values() for kind in found}, key=lambda k: -ours.get(k, (0, 0))[0]
+    ours = wal[OURS]
+    kinds = sorted({kind for found in wal.values() for kind in found}, key=lambda k: -ours.get(k, (0, 0))[0])
+    records = Table(
+        "WAL per cycle by record type: bytes (of them full-page images), 500 cycles after a checkpoint",
+        ["record", *SOLO],
+    )
+    for kind in kinds:
+        records.add(kind, *("{} ({})".format(*wal[name].get(kind, (0, 0))) for name in SOLO))
+    pattern_wins = statistics.median(w for _, w in contended[PATTERN])
+    crowd = Table(
+        f"{clients} client processes on one lock, churn (each winner lets go at once),"
+        f" 2 rounds of {seconds:g} s",
+        ["approach", "answers/s", "acquisitions/s", "ratio to the pattern"],
+    )
+    for name in APPROACHES:
+        answers = [a for a, _ in contended[name]]
+        wins = [w for _, w in contended[name]]
+        crowd.add(
+            name,
+            f"{statistics.median(answers):.0f} ({min(answers):.0f}-{max(answers):.0f})",
+            f"{statistics.median(wins):.0f} ({min(wins):.0f}-{max(wins):.0f})",
+            f"{statistics.median(wins) / pattern_wins:.2f}",
         )
-        records = Table(
-            "WAL per cycle by record type: bytes (of them full-page images), 500 cycles after a checkpoint",
-            ["record", *names],
-        )
-        for kind in kinds:
-            records.add(kind, *("{} ({})".format(*wal[name].get(kind, (0, 0))) for name in names))
-        return [speed, records]
+    return [speed, records, crowd]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=16, help="processes on one lock in churn")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each churn round")
     args = parser.parse_args()
-    for table in run(args.rounds, args.cycles):
+    for table in run(args.rounds, args.cycles, args.clients, args.seconds):
         print(table.markdown())
 
 
