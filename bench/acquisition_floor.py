@@ -27,16 +27,15 @@ separate stretch after a checkpoint, the WAL per cycle by record type (`pg_waldu
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import re
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
 
 from bench import lease_acquire
 from bench.common import Connection, Table, connect, durable_server, fresh_database, machine_line, wal_lsn
+from bench.lease_acquire import Approach
 from guardedcron_devenv.postgres import SERVER_USER, ThrowawayPostgres
 
 FLOOR_LOCK = "bench-floor-lock"
@@ -107,17 +106,18 @@ def floor_release(conn: Connection, holder: str, fence: int) -> None:
     conn.execute("SELECT bench_floor.release(%s, %s, %s)", (FLOOR_LOCK, holder, fence))
 
 
-Acquire = Callable[[Connection, str, float], int | None]
-Release = Callable[[Connection, str, int], None]
 OURS = "ours: acquire_v2 + release_v2"
 FLOOR = "history only (bench_floor, not a schema)"
 FLOOR_UNRECORDED = "history only, losses not recorded (bench_floor)"
 PATTERN = "insert-then-update (ShedLock JDBC pattern)"
-APPROACHES: dict[str, tuple[Acquire, Release]] = {
-    OURS: (lease_acquire.v2_acquire, lease_acquire.v2_release),
-    FLOOR: (floor_acquire, floor_release),
-    FLOOR_UNRECORDED: (floor_acquire_unrecorded, floor_release),
-    PATTERN: (lease_acquire.shedlock_acquire, lease_acquire.shedlock_release),
+APPROACHES = {
+    approach.name: approach
+    for approach in (
+        Approach(OURS, lease_acquire.v2_acquire, lease_acquire.v2_release, "release_v2"),
+        Approach(FLOOR, floor_acquire, floor_release, "bench_floor.release"),
+        Approach(FLOOR_UNRECORDED, floor_acquire_unrecorded, floor_release, "bench_floor.release"),
+        Approach(PATTERN, lease_acquire.shedlock_acquire, lease_acquire.shedlock_release, "UPDATE"),
+    )
 }
 # One client never loses, so there the floor's two kinds are the same calls.
 SOLO = (OURS, FLOOR, PATTERN)
@@ -135,15 +135,15 @@ def prepare(dsn: str) -> None:
         )
 
 
-def cycles(conn: Connection, acquire: Acquire, release: Release, count: int) -> float:
+def cycles(conn: Connection, approach: Approach, count: int) -> float:
     """Seconds for `count` wins, each let go; two holders in turn, so every win is a takeover."""
     began = time.perf_counter()
     for i in range(count):
         holder = f"h{i % 2}"
-        token = acquire(conn, holder, 0)
+        token = approach.acquire(conn, holder, 0)
         if token is None:
             raise RuntimeError(f"a single client lost a call ({holder}): the benchmark's premise is broken")
-        release(conn, holder, token)
+        approach.release(conn, holder, token)
     return time.perf_counter() - began
 
 
@@ -179,33 +179,11 @@ def wal_by_record(server: ThrowawayPostgres, start: int, end: int) -> dict[str, 
     return found
 
 
-def churn_client(args: tuple[str, str, int, float, float]) -> tuple[int, int, float]:
-    """One contending process: (calls, wins, seconds). Every winner lets go at once."""
-    dsn, name, client, seconds, start_at = args
-    acquire, release = APPROACHES[name]
-    calls = wins = 0
-    with connect(dsn, f"churn-{client}") as conn:
-        while time.time() < start_at:  # every process starts together
-            time.sleep(0.001)
-        began = time.perf_counter()
-        while time.perf_counter() - began < seconds:
-            holder = f"c{client}.{calls % 2}"
-            token = acquire(conn, holder, 0)
-            calls += 1
-            if token is not None:
-                wins += 1
-                release(conn, holder, token)
-        return calls, wins, time.perf_counter() - began
-
-
 def churn(dsn: str, name: str, clients: int, seconds: float) -> tuple[float, float]:
-    """(answers/s, acquisitions/s) of `clients` processes on one lock."""
-    start_at = time.time() + 3.0  # time for every process to start and connect
-    jobs = [(dsn, name, client, seconds, start_at) for client in range(clients)]
-    with mp.get_context("spawn").Pool(clients) as pool:
-        results = pool.map(churn_client, jobs)
-    span = max(elapsed for _, _, elapsed in results)
-    return sum(c for c, _, _ in results) / span, sum(w for _, w, _ in results) / span
+    """(answers/s, acquisitions/s) of `clients` processes on one lock, every winner letting go at once."""
+    samples = lease_acquire.contend(dsn, APPROACHES[name], clients, seconds, 0.0)
+    span = max(sample.seconds for sample in samples)
+    return sum(s.calls for s in samples) / span, sum(s.wins for s in samples) / span
 
 
 def wal_per_cycle(
@@ -213,7 +191,7 @@ def wal_per_cycle(
 ) -> dict[str, tuple[int, int]]:
     meter.execute("CHECKPOINT")
     start = wal_lsn(meter)
-    cycles(conn, *APPROACHES[name], 500)
+    cycles(conn, APPROACHES[name], 500)
     end = wal_lsn(meter)
     meter.execute("SELECT pg_switch_wal()")  # the stretch is complete on disk for pg_waldump
     return {
@@ -230,10 +208,10 @@ def run(rounds: int, count: int, clients: int, seconds: float) -> list[Table]:
         rates: dict[str, list[float]] = {name: [] for name in SOLO}
         with connect(dsn, "meter") as meter, connect(dsn, "client") as conn:
             for name in SOLO:  # warm: lock rows, plans, the fence sequence's cache
-                cycles(conn, *APPROACHES[name], 200)
+                cycles(conn, APPROACHES[name], 200)
             for round_index in range(rounds):
                 for name in SOLO if round_index % 2 == 0 else SOLO[::-1]:
-                    rates[name].append(count / cycles(conn, *APPROACHES[name], count))
+                    rates[name].append(count / cycles(conn, APPROACHES[name], count))
             wal = {name: wal_per_cycle(server, meter, conn, name) for name in SOLO}
         contended: dict[str, list[tuple[float, float]]] = {name: [] for name in APPROACHES}
         order = list(APPROACHES)

@@ -235,8 +235,6 @@ RETENTION_APPROACHES = (
     Approach("pg_try_advisory_xact_lock", xact_acquire, xact_release, "COMMIT", "schema7"),
 )
 PEER = "insert-then-update (ShedLock JDBC pattern)"
-# client_loop finds an approach by its index here (the contending processes are spawned).
-REGISTRY = APPROACHES + TENANCY_APPROACHES + RETENTION_APPROACHES
 
 
 def prepare(dsn: str) -> None:
@@ -255,9 +253,8 @@ class Sample:
 
 
 def client_loop(
-    dsn: str, approach_index: int, holder: str, seconds: float, hold: float, start_at: float
+    dsn: str, approach: Approach, holder: str, seconds: float, hold: float, start_at: float
 ) -> Sample:
-    approach = REGISTRY[approach_index]
     sample = Sample()
     with connect(dsn, holder) as conn:
         while time.time() < start_at:  # every process starts together
@@ -281,13 +278,15 @@ def client_loop(
     return sample
 
 
-def _process_entry(args: tuple[str, int, str, float, float, float]) -> Sample:
+def _process_entry(args: tuple[str, Approach, str, float, float, float]) -> Sample:
     return client_loop(*args)
 
 
-def contend(dsn: str, approach_index: int, clients: int, seconds: float, hold: float) -> list[Sample]:
+def contend(dsn: str, approach: Approach, clients: int, seconds: float, hold: float) -> list[Sample]:
+    """`clients` spawned processes on one lock; the approach reaches them pickled, so its
+    acquire and release must be module-level functions."""
     start_at = time.time() + 3.0  # time for every process to start and connect
-    jobs = [(dsn, approach_index, f"client-{i}", seconds, hold, start_at) for i in range(clients)]
+    jobs = [(dsn, approach, f"client-{i}", seconds, hold, start_at) for i in range(clients)]
     with mp.get_context("spawn").Pool(clients) as pool:
         return pool.map(_process_entry, jobs)
 
@@ -432,10 +431,10 @@ def run(
     )
     reference_rate = 0.0
     reference_answers: dict[str, float] = {}
-    for index, approach in enumerate(APPROACHES):
+    for approach in APPROACHES:
         dsn = dsns[approach.schema]
         reset_lock(dsn, approach)
-        sample = client_loop(dsn, index, "solo", seconds, 0.0, time.time())
+        sample = client_loop(dsn, approach, "solo", seconds, 0.0, time.time())
         rate = sample.wins / sample.seconds
         reference_rate = reference_rate or rate
         cost = cost_per_acquisition(dsn, databases[approach.schema], approach, 2000)
@@ -453,7 +452,7 @@ def run(
         )
         for mode, hold in (("churn", 0.0), ("held 100 ms", 0.1)):
             reset_lock(dsn, approach)
-            samples = contend(dsn, index, clients, seconds, hold)
+            samples = contend(dsn, approach, clients, seconds, hold)
             span = max(s.seconds for s in samples)
             answers = sum(s.calls for s in samples) / span
             wins = sum(s.wins for s in samples) / span
@@ -541,7 +540,6 @@ def run_tenancy(
     """Each round measures the three approaches in turn (rotated, so none is always first on a
     machine whose load drifts); the tables give the median of the rounds and their range."""
     databases = tenancy_databases(server)
-    first = len(APPROACHES)
     solo: dict[int, list[Sample]] = {i: [] for i in range(len(TENANCY_APPROACHES))}
     costs: dict[int, list[Cost]] = {i: [] for i in range(len(TENANCY_APPROACHES))}
     churn: dict[int, list[tuple[float, float, list[float]]]] = {i: [] for i in range(len(TENANCY_APPROACHES))}
@@ -552,10 +550,10 @@ def run_tenancy(
             approach = TENANCY_APPROACHES[offset]
             dsn, admin, name = databases[approach.schema]
             reset_lock(admin, approach)
-            solo[offset].append(client_loop(dsn, first + offset, "solo", seconds, 0.0, time.time()))
+            solo[offset].append(client_loop(dsn, approach, "solo", seconds, 0.0, time.time()))
             costs[offset].append(cost_per_acquisition(dsn, name, approach, 2000, meter_dsn=admin))
             reset_lock(admin, approach)
-            samples = contend(dsn, first + offset, clients, seconds, 0.0)
+            samples = contend(dsn, approach, clients, seconds, 0.0)
             span = max(s.seconds for s in samples)
             churn[offset].append(
                 (
@@ -672,7 +670,6 @@ def run_retention(
 ) -> list[Table]:
     """As run_tenancy: rounds in rotated order, medians and ranges; the superuser everywhere."""
     databases = compared_schema_databases(server, "retention")
-    first = len(APPROACHES) + len(TENANCY_APPROACHES)
     count = len(RETENTION_APPROACHES)
     solo: dict[int, list[Sample]] = {i: [] for i in range(count)}
     costs: dict[int, list[Cost]] = {i: [] for i in range(count)}
@@ -685,10 +682,10 @@ def run_retention(
             dsn = databases[approach.schema]
             name = f"retention_{approach.schema}"
             reset_lock(dsn, approach)
-            solo[offset].append(client_loop(dsn, first + offset, "solo", seconds, 0.0, time.time()))
+            solo[offset].append(client_loop(dsn, approach, "solo", seconds, 0.0, time.time()))
             costs[offset].append(cost_per_acquisition(dsn, name, approach, costed))
             reset_lock(dsn, approach)
-            samples = contend(dsn, first + offset, clients, seconds, 0.0)
+            samples = contend(dsn, approach, clients, seconds, 0.0)
             span = max(s.seconds for s in samples)
             churn[offset].append(
                 (
