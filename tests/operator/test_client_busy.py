@@ -33,7 +33,10 @@ ROUNDS = 3  # of LISTs at once without retries, until one is refused
 BUSY_OBJECTS = [
     {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
      "metadata": {"name": LEVEL},
+     # borrowingLimitPercent 0: without it the level borrows seats other levels lend, so
+     # after one round of demand it can serve 32 LISTs at once and rejects nothing.
      "spec": {"type": "Limited", "limited": {"nominalConcurrencyShares": 1, "lendablePercent": 0,
+                                             "borrowingLimitPercent": 0,
                                              "limitResponse": {"type": "Reject"}}}},
     {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema", "metadata": {"name": LEVEL},
      "spec": {"priorityLevelConfiguration": {"name": LEVEL}, "matchingPrecedence": 500,
