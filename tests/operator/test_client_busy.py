@@ -33,8 +33,9 @@ ROUNDS = 3  # of LISTs at once without retries, until one is refused
 BUSY_OBJECTS = [
     {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
      "metadata": {"name": LEVEL},
-     # borrowingLimitPercent 0: without it the level borrows seats other levels lend, so
-     # after one round of demand it can serve 32 LISTs at once and rejects nothing.
+     # borrowingLimitPercent 0: unset, it lets the level borrow the seats other levels
+     # lend, which APF readjusts from demand every few seconds; the likely reason why
+     # the retrying round once (in CI) saw no 429 after the first round's demand.
      "spec": {"type": "Limited", "limited": {"nominalConcurrencyShares": 1, "lendablePercent": 0,
                                              "borrowingLimitPercent": 0,
                                              "limitResponse": {"type": "Reject"}}}},
