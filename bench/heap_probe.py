@@ -140,6 +140,60 @@ def jemalloc_bins(mallctl: Callable[..., int]) -> list[dict[str, int]]:
     return found
 
 
+def jemalloc_arenas(mallctl: Callable[..., int]) -> list[dict[str, int]]:
+    """Each arena apart (after the `epoch` write of jemalloc_stats), in KiB: small and
+    large allocations live in it, and its active pages (slabs and extents in use); the
+    operator's kept arena (guardedcron.arenas) shows how densely its records sit."""
+    page = _mallctl_read(mallctl, "arenas.page")
+    found = []
+    for index in range(_mallctl_read(mallctl, "arenas.narenas", ctypes.c_uint)):
+        stats = f"stats.arenas.{index}"
+        try:
+            small = _mallctl_read(mallctl, f"{stats}.small.allocated")
+        except OSError:  # an arena never initialised
+            continue
+        found.append({"arena": index, "small_allocated_kib": small // 1024,
+                      "large_allocated_kib": _mallctl_read(mallctl, f"{stats}.large.allocated") // 1024,
+                      "active_kib": _mallctl_read(mallctl, f"{stats}.pactive") * page // 1024})
+    return found
+
+
+def by_arena(tracked: list[object]) -> dict[str, object]:
+    """Which jemalloc arena holds each live object, by type; the untracked objects
+    (strings, bytes, numbers) that tracked ones refer to, by their referrer's type too;
+    and what sits outside the operator's kept arena (guardedcron.arenas) in the 64- and
+    128-byte classes, where the start-up's fragmentation was. Empty where jemalloc does
+    not serve or the operator made no kept arena."""
+    try:
+        from guardedcron import arenas  # loaded by then: the operator's
+    except ImportError:  # an older operator's code (--code), before the kept arena
+        return {}
+    kept = arenas.enable()  # the operator's own arena: enable() returns it once made
+    if kept is None:
+        return {}
+    types: Counter[str] = Counter()
+    referents: Counter[str] = Counter()
+    outside: Counter[str] = Counter()
+    seen: set[int] = set()
+
+    def place(obj: object, key: str, counter: Counter[str], referrer: str = "") -> None:
+        where = arenas.arena_of(obj)
+        counter[f"{where} {key}"] += 1
+        size = size_class(sys.getsizeof(obj))
+        if where != kept and size in (64, 128):
+            outside[f"{type(obj).__qualname__} ({size}){referrer}"] += 1
+
+    for obj in tracked:
+        place(obj, type(obj).__qualname__, types)
+        for child in gc.get_referents(obj):
+            if type(child) in (str, bytes, float, int) and id(child) not in seen:
+                seen.add(id(child))
+                referrer = f" <- {type(obj).__qualname__}"
+                place(child, f"{type(child).__qualname__}{referrer}", referents, referrer)
+    return {"by_arena": dict(types.most_common(60)), "untracked_by_arena": dict(referents.most_common(60)),
+            "outside_kept_64_128": dict(outside.most_common(40))}
+
+
 def jemalloc_census() -> dict[str, object]:
     """jemalloc's account before and after a purge of every arena (what the operator's
     trim does under it), with the RSS after it; empty where jemalloc does not serve."""
@@ -150,9 +204,11 @@ def jemalloc_census() -> dict[str, object]:
         return {}
     before = jemalloc_stats(mallctl)
     bins = jemalloc_bins(mallctl)
+    arenas = jemalloc_arenas(mallctl)
     large = _mallctl_read(mallctl, "stats.arenas.4096.large.allocated") // 1024
     mallctl(JEMALLOC_PURGE_ALL, None, None, None, 0)
     return {"jemalloc": before, "jemalloc_large_allocated_kib": large, "jemalloc_bins": bins,
+            "jemalloc_arenas": arenas,
             "jemalloc_after_purge": jemalloc_stats(mallctl), "rss_kib_after_purge": rss_kib()}
 
 
@@ -198,6 +254,11 @@ HOLDERS_SAMPLE = 100  # bodies and patches whose referrers the census looks up
 # Where jemalloc's small size classes end, to sort objects into them (a Python object is
 # one malloc of sys.getsizeof bytes under PYTHONMALLOC=malloc).
 SIZE_CLASSES = (8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def size_class(size: int) -> int:
+    """The small size class a malloc of `size` bytes takes (0: a larger one)."""
+    return next((limit for limit in SIZE_CLASSES if size <= limit), 0)
 
 
 def by_size_class(tracked: list[object]) -> dict[str, dict[str, int]]:
@@ -254,7 +315,8 @@ def dump(directory: Path, number: int) -> None:
         **jemalloc_census(),
         "by_count": dict(counts.most_common(40)),
         "by_shallow_bytes": dict(sizes.most_common(40)),
-        "by_size_class": by_size_class(tracked)}
+        "by_size_class": by_size_class(tracked),
+        **by_arena(tracked)}
     del bodies, patches, kopf, tracked
     started = time.monotonic()
     gc.collect()  # what the operator's trim does first: how long it holds the loop

@@ -111,13 +111,16 @@ def allocator_trim() -> Trim | None:
     return Trim("glibc", lambda: trim(0))
 
 
-def log_allocator(trim: Trim | None, environ: Mapping[str, str]) -> None:
-    """Say which allocator serves the operator; warn when jemalloc was asked for and did
-    not load (the loader's own message went to stderr before any logging was set up)."""
+def log_allocator(trim: Trim | None, environ: Mapping[str, str], kept_arena: int | None = None) -> None:
+    """Say which allocator serves the operator, and the arena of what it keeps per object
+    (guardedcron.arenas) if it has one; warn when jemalloc was asked for and did not load
+    (the loader's own message went to stderr before any logging was set up)."""
     allocator = f"{trim.allocator}'s allocator" if trim is not None else "an allocator it cannot trim"
     if "jemalloc" in environ.get("LD_PRELOAD", "") and (trim is None or trim.allocator != "jemalloc"):
         logger.warning("memory: LD_PRELOAD names jemalloc but it did not load; %s serves instead"
                        " and keeps more of the start-up peak resident", allocator)
+    elif kept_arena is not None:
+        logger.info("memory: %s, what is kept per object in arena %d", allocator, kept_arena)
     else:
         logger.info("memory: %s", allocator)
 

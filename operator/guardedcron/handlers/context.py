@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from guardedcron import arenas
 from guardedcron.handlers.observe import Packed
 from guardedcron.kube import KubeClient
 from guardedcron.kube.client import CONNECTIONS
@@ -32,6 +34,20 @@ def system_clock() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(slots=True)
+class _Remembered:
+    """What PassMemory keeps of one GuardedCronJob."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # When the latest pass read the indexes (`time.monotonic()`; -1: none yet), written in
+    # place: recording it allocates nothing, so nothing of it is made outside the kept arena.
+    started: array[float] = field(default_factory=lambda: array("d", [-1.0]))
+    first_pass: bool = True  # the pass running now (or the latest) is its first here
+    # Packed: a parsed status costs a few KiB per object for as long as the process runs.
+    written: Packed | None = None
+    done: set[str] | None = None  # first_time's actions (rare: made on the first)
+
+
 class PassMemory:
     """Per GuardedCronJob (by uid): a lock that runs its passes one at a time, and the
     status the operator wrote last.
@@ -40,51 +56,69 @@ class PassMemory:
     arrive in any order, and the status in a watched object lags the operator's own
     write by one event. Comparing a new status against the one written last, instead
     of the one seen, keeps a second pass from writing the same status again.
+
+    What it keeps lives as long as the object, so it is made in the kept arena
+    (guardedcron.arenas).
     """
 
     def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-        # Packed: a parsed status costs a few KiB per object for as long as the process runs.
-        self._written: dict[str, Packed] = {}
-        self._done: dict[str, set[str]] = {}
-        self._started: dict[str, float] = {}
+        self._objects: dict[str, _Remembered] = {}
+
+    def _of(self, uid: str) -> _Remembered:
+        remembered = self._objects.get(uid)
+        if remembered is None:
+            with arenas.kept():
+                remembered = self._objects[uid] = _Remembered()
+        return remembered
 
     def lock(self, uid: str) -> asyncio.Lock:
-        return self._locks.setdefault(uid, asyncio.Lock())
+        return self._of(uid).lock
 
     def pass_starting(self, uid: str) -> None:
         """A pass is about to read the indexes (under the lock)."""
-        self._started[uid] = time.monotonic()
+        remembered = self._of(uid)
+        remembered.first_pass = remembered.started[0] < 0
+        remembered.started[0] = time.monotonic()
+
+    def is_first_pass(self, uid: str) -> bool:
+        """Whether the pass running now is the object's first in this process."""
+        remembered = self._objects.get(uid)
+        return remembered is None or remembered.first_pass
 
     def last_pass_started(self, uid: str) -> float | None:
         """When the latest pass in this process read the indexes (`time.monotonic()`)."""
-        return self._started.get(uid)
+        remembered = self._objects.get(uid)
+        return remembered.started[0] if remembered is not None and remembered.started[0] >= 0 else None
 
     def written_status(self, uid: str) -> Mapping[str, Any] | None:
-        written = self._written.get(uid)
-        return written.unpack() if written is not None else None
+        remembered = self._objects.get(uid)
+        return remembered.written.unpack() if remembered is not None and remembered.written else None
 
     def remember_status(self, uid: str, status: Mapping[str, Any]) -> None:
-        self._written[uid] = Packed.of(status)
+        remembered = self._of(uid)
+        with arenas.kept():
+            remembered.written = Packed.of(status)
 
     def first_time(self, uid: str, action: str) -> bool:
         """True once per (uid, action) in this process: an action a pass must not repeat
         on every later pass (a trigger that failed, a pod already asked to stop)."""
-        done = self._done.setdefault(uid, set())
-        if action in done:
+        remembered = self._of(uid)
+        if remembered.done is not None and action in remembered.done:
             return False
-        done.add(action)
+        with arenas.kept():
+            if remembered.done is None:
+                remembered.done = set()
+            remembered.done.add(action)
         return True
 
     def forget_action(self, uid: str, action: str) -> None:
         """Let an action that failed for a passing reason be tried again."""
-        self._done.get(uid, set()).discard(action)
+        remembered = self._objects.get(uid)
+        if remembered is not None and remembered.done is not None:
+            remembered.done.discard(action)
 
     def forget(self, uid: str) -> None:
-        self._locks.pop(uid, None)
-        self._written.pop(uid, None)
-        self._done.pop(uid, None)
-        self._started.pop(uid, None)
+        self._objects.pop(uid, None)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from guardedcron import contract
+from guardedcron import arenas, contract
 from guardedcron.builders import build_cronjob
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.handled import HandledEssences, ProgressAnnotations
@@ -167,11 +167,12 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
                                    previous=previous, suspension=suspension, now=now,
                                    client=client, memory=memory, logger=logger)
         scheduling, slot_events = slots.status, slots.events
-        if slots.started is not None:
-            context.metrics.make_up_runs.labels(namespace, name, slots.started).inc()
-        record_suspension(context.metrics, namespace=namespace, name=name,
-                          suspended=None if parsed.spec.suspend_after_failures is None
-                          else suspension.suspended)
+        with arenas.kept():  # a GuardedCronJob's metric series live as long as it does
+            if slots.started is not None:
+                context.metrics.make_up_runs.labels(namespace, name, slots.started).inc()
+            record_suspension(context.metrics, namespace=namespace, name=name,
+                              suspended=None if parsed.spec.suspend_after_failures is None
+                              else suspension.suspended)
     change = compute_status(
         gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=cronjob, jobs=observed.jobs,
         pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
@@ -185,8 +186,10 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
         await client.patch_status(GUARDED_CRONJOBS, namespace, name, change.patch())
         memory.remember_status(uid, change.status)
     # After the write: a pass whose write failed counts nothing (kopf retries it, and the
-    # retry sees the same transitions). An unchanged status has none, only gauges.
-    record_changes(context.metrics, namespace=namespace, name=name, changes=change.metrics)
+    # retry sees the same transitions). An unchanged status has none, only gauges. Most
+    # of an object's series are made by its first pass: that one is kept (arenas).
+    with arenas.kept(memory.is_first_pass(uid)):
+        record_changes(context.metrics, namespace=namespace, name=name, changes=change.metrics)
     events = [*lock_events, *change.events, *trigger.events, *slot_events]
     if settings.outcome_recording:
         # Once per run: when its record turns final, which happens in one written status.
