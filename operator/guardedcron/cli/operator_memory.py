@@ -6,6 +6,8 @@ stays is mostly free memory the allocator cannot give back: the long-lived per-o
 records made during the peak are scattered through the pages the peak used, and a page
 with one live record stays resident (docs/benchmarks.md, "memory, fourth round": 113 MiB
 live of 527 resident under glibc after a restart over 10,000 GuardedCronJobs). Under
+jemalloc those records are made in an arena of their own (guardedcron.arenas), so the
+peak's pages hold none of them. Under
 CPython's own small-object allocator it is worse: a pymalloc arena goes back only once
 every block in it is free. So the operator's container runs Python on `malloc`
 (`ALLOCATOR_ENV`; the chart's Deployment sets it, since the dynamic loader and Python read
