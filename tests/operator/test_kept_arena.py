@@ -10,10 +10,12 @@ part of it does nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from guardedcron import arenas
 from guardedcron.cli.operator_memory import ALLOCATOR_ENV
@@ -167,6 +169,7 @@ def test_a_coroutine_is_kept_until_it_first_suspends() -> None:
 # the operator's own records are.
 OPERATOR = """
 import asyncio, gc, json, os
+from collections import Counter
 from guardedcron import arenas
 from guardedcron.cli.operator import run_operator, settings_from
 from guardedcron.handlers.context import PassMemory
@@ -192,8 +195,7 @@ async def main():
         while not everything_seen():
             await asyncio.sleep(0.2)
     kept = arenas.enable()
-    where = lambda objects: {str(a): n for a, n in
-                             __import__("collections").Counter(arenas.arena_of(o) for o in objects).items()}
+    where = lambda objects: {str(a): n for a, n in Counter(arenas.arena_of(o) for o in objects).items()}
     memories = [m for ms in live(ResourceMemories) for m in ms._items.values()]
     keys = [k for ms in live(ResourceMemories) for k in ms._items]
     records = [r for m in memories for r in (m, m.daemons_memory, m.indexing_memory, m.error_throttler)]
@@ -213,13 +215,13 @@ print(json.dumps(asyncio.run(main())))
 
 
 async def test_the_operator_keeps_its_per_object_records_in_the_kept_arena(
-        api: GuardedEmulator, client: KubeClient, kubeconfig: object) -> None:
+        api: GuardedEmulator, client: KubeClient, kubeconfig: Path) -> None:
     for index in range(OBJECTS):
         gcj = base_gcj()
         gcj["metadata"] = {"name": f"job-{index:02d}", "namespace": NS}
         await create_gcj(client, gcj)
     env = {"EXPECTED_OBJECTS": str(OBJECTS), "GUARDEDCRON_LOG_LEVEL": "warning"}
-    found = await __import__("asyncio").to_thread(run_with_jemalloc, OPERATOR, env)
+    found = await asyncio.to_thread(run_with_jemalloc, OPERATOR, env)
     kept = str(found["kept"])
     # A GuardedCronJob and its CronJob each: kopf's memory, with three of its records.
     assert found["memories"] == 2 * OBJECTS, found

@@ -6,17 +6,17 @@ stays is mostly free memory the allocator cannot give back: the long-lived per-o
 records made during the peak are scattered through the pages the peak used, and a page
 with one live record stays resident (docs/benchmarks.md, "memory, fourth round": 113 MiB
 live of 527 resident under glibc after a restart over 10,000 GuardedCronJobs). Under
-jemalloc those records are made in an arena of their own (guardedcron.arenas), so the
-peak's pages hold none of them. Under
 CPython's own small-object allocator it is worse: a pymalloc arena goes back only once
 every block in it is free. So the operator's container runs Python on `malloc`
 (`ALLOCATOR_ENV`; the chart's Deployment sets it, since the dynamic loader and Python read
 it only as the process starts) and that `malloc` is jemalloc, preloaded from the image:
 it keeps each size class on pages of its own, so pages of short-lived objects empty
 whole and go back, and its background thread returns them over the ten seconds after
-they were freed (`JEMALLOC_CONF`). Without the library (a developer's machine) the
-loader says so on stderr and glibc's malloc serves (`GLIBC_ENV`: at most two arenas,
-otherwise up to one per thread and core, each keeping its own free memory).
+they were freed (`JEMALLOC_CONF`); under jemalloc the operator also makes those
+long-lived records in an arena of their own (guardedcron.arenas), so the peak's pages
+hold none of them. Without the library (a developer's machine) the loader says so on
+stderr and glibc's malloc serves (`GLIBC_ENV`: at most two arenas, otherwise up to one
+per thread and core, each keeping its own free memory).
 
 `allocator_trim` finds which allocator serves this process and how to ask it to give
 free pages back now (a trim): jemalloc's purge of every arena, or glibc's `malloc_trim(0)`.

@@ -167,7 +167,11 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
                                    previous=previous, suspension=suspension, now=now,
                                    client=client, memory=memory, logger=logger)
         scheduling, slot_events = slots.status, slots.events
-        with arenas.kept():  # a GuardedCronJob's metric series live as long as it does
+        # A GuardedCronJob's metric series live as long as it does (arenas): these are
+        # made by a make-up run, or by the first pass when the field is set.
+        makes_series = slots.started is not None or (
+            memory.is_first_pass(uid) and parsed.spec.suspend_after_failures is not None)
+        with arenas.kept(makes_series):
             if slots.started is not None:
                 context.metrics.make_up_runs.labels(namespace, name, slots.started).inc()
             record_suspension(context.metrics, namespace=namespace, name=name,
