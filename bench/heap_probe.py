@@ -140,7 +140,19 @@ def jemalloc_bins(mallctl: Callable[..., int]) -> list[dict[str, int]]:
     return found
 
 
-def jemalloc_arenas(mallctl: Callable[..., int]) -> list[dict[str, int]]:
+def _emptiest_classes(mallctl: Callable[..., int], stats: str, most: int = 4) -> dict[str, str]:
+    """An arena's small size classes with the most free space on their slabs: "live / slabs" KiB."""
+    found = []
+    for index in range(_mallctl_read(mallctl, "arenas.nbins", ctypes.c_uint)):
+        size = _mallctl_read(mallctl, f"arenas.bin.{index}.size")
+        live = _mallctl_read(mallctl, f"{stats}.bins.{index}.curregs") * size // 1024
+        slabs = _mallctl_read(mallctl, f"{stats}.bins.{index}.curslabs") * \
+            _mallctl_read(mallctl, f"arenas.bin.{index}.slab_size") // 1024
+        found.append((slabs - live, size, f"{live} / {slabs}"))
+    return {str(size): text for _, size, text in sorted(found, reverse=True)[:most]}
+
+
+def jemalloc_arenas(mallctl: Callable[..., int]) -> list[dict[str, object]]:
     """Each arena apart (after the `epoch` write of jemalloc_stats), in KiB: small and
     large allocations live in it, and its active pages (slabs and extents in use); the
     operator's kept arena (guardedcron.arenas) shows how densely its records sit."""
@@ -154,7 +166,10 @@ def jemalloc_arenas(mallctl: Callable[..., int]) -> list[dict[str, int]]:
             continue
         found.append({"arena": index, "small_allocated_kib": small // 1024,
                       "large_allocated_kib": _mallctl_read(mallctl, f"{stats}.large.allocated") // 1024,
-                      "active_kib": _mallctl_read(mallctl, f"{stats}.pactive") * page // 1024})
+                      "active_kib": _mallctl_read(mallctl, f"{stats}.pactive") * page // 1024,
+                      # freed regions that threads' caches hold (counted as live above)
+                      "thread_caches_kib": _mallctl_read(mallctl, f"{stats}.tcache_bytes") // 1024,
+                      "emptiest_classes": _emptiest_classes(mallctl, stats)})
     return found
 
 
@@ -321,6 +336,10 @@ def dump(directory: Path, number: int) -> None:
     started = time.monotonic()
     gc.collect()  # what the operator's trim does first: how long it holds the loop
     census["full_collection_ms"] = round((time.monotonic() - started) * 1000, 1)
+    # After that collection (which also empties CPython's free lists) and a purge: what
+    # of the resident memory was garbage or free-list objects pinning their pages.
+    census.update({f"after_collection_{key}": value for key, value in jemalloc_census().items()
+                   if key in ("jemalloc_after_purge", "rss_kib_after_purge", "jemalloc_arenas")})
     (directory / f"{number}.census.json").write_text(json.dumps(census, indent=1))
 
 
