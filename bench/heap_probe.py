@@ -37,7 +37,7 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -209,6 +209,94 @@ def by_arena(tracked: list[object]) -> dict[str, object]:
             "outside_kept_64_128": dict(outside.most_common(40))}
 
 
+def header_size(obj: object) -> int:
+    """Bytes of the malloc that holds `obj` itself (under PYTHONMALLOC=malloc): for dicts,
+    lists and sets the object without the table or item array it owns (a separate malloc)."""
+    kind = type(obj)
+    if kind in (dict, list, set, frozenset):
+        return sys.getsizeof(obj) - obj.__sizeof__() + kind.__basicsize__
+    return sys.getsizeof(obj)
+
+
+def every_object(tracked: list[object]) -> Iterator[object]:
+    """Every live object reachable from gc's: the tracked ones and, once each, the
+    untracked ones they refer to (strings, numbers, tuples and dicts of those), through
+    untracked containers too."""
+    seen: set[int] = set()
+    stack: list[object] = []
+    for obj in tracked:
+        yield obj
+        stack.extend(gc.get_referents(obj))
+        while stack:
+            child = stack.pop()
+            if gc.is_tracked(child) or id(child) in seen:
+                continue
+            seen.add(id(child))
+            yield child
+            if isinstance(child, (tuple, dict)):
+                stack.extend(gc.get_referents(child))
+
+
+def outside_kept_by_site(tracked: list[object], classes: tuple[int, ...] = (16, 32, 48, 64, 80, 128),
+                         ) -> dict[str, int]:
+    """Objects, and the item arrays of lists and tables of dicts, of the given size classes
+    that live outside the kept arena, by type and by where tracemalloc saw each object
+    made (a buffer: its owner): the innermost frames outside the standard library, or
+    the innermost ones. Empty without tracemalloc or the kept arena."""
+    try:
+        from guardedcron import arenas
+    except ImportError:
+        return {}
+    kept = arenas.enable()
+    mallctl = getattr(ctypes.CDLL(None), "mallctl", None)
+    if kept is None or mallctl is None or not tracemalloc.is_tracing():
+        return {}
+    usable = ctypes.CDLL(None).malloc_usable_size
+    usable.argtypes, usable.restype = [ctypes.c_void_p], ctypes.c_size_t
+    found: Counter[str] = Counter()
+    for obj in every_object(tracked):
+        parts = [(type(obj).__qualname__, size_class(header_size(obj)), id(obj))]
+        for what, address in _buffers(obj):
+            parts.append((what, size_class(usable(address)), address))
+        for what, size, address in parts:
+            if size in classes and _arena_at(mallctl, address) != kept:
+                found[f"{what} ({size}) {_site(tracemalloc.get_object_traceback(obj))}"] += 1
+    return dict(found.most_common(120))
+
+
+def _buffers(obj: object) -> Iterator[tuple[str, int]]:
+    """The separate mallocs a list or dict owns (CPython 3.11's layouts): a list's item
+    array, a combined dict's table (a split dict's values start inside their malloc)."""
+    if type(obj) is list and obj.__sizeof__() > list.__basicsize__:
+        address = ctypes.c_void_p.from_address(id(obj) + 24).value  # ob_item
+        if address:
+            yield "list items", address
+    elif type(obj) is dict and obj and not ctypes.c_void_p.from_address(id(obj) + 40).value:
+        address = ctypes.c_void_p.from_address(id(obj) + 32).value  # ma_keys (no ma_values)
+        if address:
+            yield "dict table", address
+
+
+def _arena_at(mallctl: Callable[..., int], address: int) -> int | None:
+    found = ctypes.c_uint(0)
+    size = ctypes.c_size_t(ctypes.sizeof(found))
+    pointer = ctypes.c_void_p(address)
+    if mallctl(b"arenas.lookup", ctypes.byref(found), ctypes.byref(size), ctypes.byref(pointer),
+               ctypes.sizeof(pointer)) != 0:
+        return None
+    return int(found.value)
+
+
+def _site(traceback: tracemalloc.Traceback | None, depth: int = 3) -> str:
+    if traceback is None:
+        return "(not traced: made before tracemalloc started, or an instance with a managed __dict__)"
+    innermost_first = list(reversed(traceback))  # a Traceback runs from the oldest frame
+    frames = [frame for frame in innermost_first if "/lib/python3" not in frame.filename
+              or "site-packages" in frame.filename] or innermost_first
+    return " < ".join(f"{'/'.join(Path(frame.filename).parts[-2:])}:{frame.lineno}"
+                      for frame in frames[:depth])
+
+
 def jemalloc_census() -> dict[str, object]:
     """jemalloc's account before and after a purge of every arena (what the operator's
     trim does under it), with the RSS after it; empty where jemalloc does not serve."""
@@ -331,7 +419,8 @@ def dump(directory: Path, number: int) -> None:
         "by_count": dict(counts.most_common(40)),
         "by_shallow_bytes": dict(sizes.most_common(40)),
         "by_size_class": by_size_class(tracked),
-        **by_arena(tracked)}
+        **by_arena(tracked),
+        "outside_kept_by_site": outside_kept_by_site(tracked)}
     del bodies, patches, kopf, tracked
     started = time.monotonic()
     gc.collect()  # what the operator's trim does first: how long it holds the loop

@@ -20,13 +20,13 @@ STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
 
 def owner_frame(trace: tracemalloc.Trace) -> str:
     """The innermost frame not in the standard library, as `package/file.py:line`."""
-    for frame in trace.traceback:  # innermost first
+    for frame in reversed(trace.traceback):  # a Traceback runs from the oldest frame
         name = str(Path(frame.filename).resolve()) if frame.filename.startswith("/") else frame.filename
         if not name.startswith(STDLIB) and not frame.filename.startswith("<"):
             parts = Path(name).parts
             tail = "/".join(parts[-3:])
             return f"{tail}:{frame.lineno}"
-    frame = trace.traceback[0]
+    frame = trace.traceback[-1]
     return f"{Path(frame.filename).name}:{frame.lineno} (stdlib only)"
 
 

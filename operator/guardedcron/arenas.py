@@ -53,6 +53,7 @@ class _Arena:
         self.mallctl(b"thread.tcache.enabled", None, None, ctypes.byref(_ON), ctypes.sizeof(_ON))
 
 
+FREE_DICTS = 80  # CPython's free lists of dicts and of their smallest tables (PyDict_MAXFREELIST)
 _OFF = ctypes.c_bool(False)
 _ON = ctypes.c_bool(True)
 _arena: _Arena | None = None
@@ -110,11 +111,15 @@ def kept(when: bool = True) -> Iterator[None]:
         yield
         return
     _local.inside = True
+    # CPython keeps up to 80 freed dicts, and 80 of their smallest tables, and hands them
+    # out before asking malloc: held for the section, a dict made in it is made here.
+    held = [{"": None} for _ in range(FREE_DICTS)]
     arena.enter()
     try:
         yield
     finally:
         arena.leave()
+        del held
         _local.inside = False
 
 
@@ -157,6 +162,20 @@ def fresh(text: str) -> str:
     an API answer and then kept as a key (a uid, a name) would otherwise pin the answer's
     slab; `str(text)` and slicing return the same object."""
     return text.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
+
+class _FreshTuple(tuple):  # type: ignore[type-arg]
+    """Allocated anew each time: CPython's free lists serve exact tuples only."""
+
+    __slots__ = ()
+
+
+def fresh_tuple(items: tuple[T, ...]) -> tuple[T, ...]:
+    """A copy of `items` made now (in a section: in the kept arena), equal to and hashed
+    as the plain tuple. CPython hands out a small tuple from a free list of ones freed
+    anywhere (up to 2,000 of each length), so a tuple kept as a key, made in a section
+    amid a flood, would be an old one on the flood's pages."""
+    return _FreshTuple(items)
 
 
 def fresh_bytes(data: bytes) -> bytes:

@@ -45,6 +45,7 @@ def test_without_jemalloc_a_section_changes_nothing() -> None:
         made = {"a": [1, 2]}
     assert made == {"a": [1, 2]}
     assert arenas.fresh("uid-1") == "uid-1" and arenas.fresh_bytes(b"\x00d") == b"\x00d"
+    assert arenas.fresh_tuple(("ns", "name")) == ("ns", "name")
 
 
 SECTIONS = """
@@ -67,6 +68,14 @@ with arenas.kept():
         nested = [object() for _ in range(200)]
     after_nested = [object() for _ in range(200)]
     uid = arenas.fresh("2f1c6a3e-0000-4000-8000-000000000001")
+# CPython's free lists, full of tuples and dicts made outside: a plain tuple made in a
+# section comes from there, a fresh tuple and a dict made in a section do not.
+freed = [(i, str(i), None) for i in range(5000)] + [{"k": i} for i in range(500)]
+del freed
+with arenas.kept():
+    plain_tuples = [(i, "a", None) for i in range(100)]
+    fresh_tuples = [arenas.fresh_tuple((i, "a", None)) for i in range(100)]
+    dicts = [{"k": i} for i in range(100)]
 try:
     with arenas.kept():
         raise ValueError("left through an exception")
@@ -74,10 +83,23 @@ except ValueError:
     pass
 outside_after = [object() for _ in range(200)]
 where = lambda objects: sorted({arenas.arena_of(o) for o in objects})
+
+def dict_tables_kept(dicts, kept):  # a dict's table is a malloc of its own (ma_keys, CPython 3.11)
+    tables = [ctypes.c_void_p.from_address(id(d) + 32).value for d in dicts]
+    found = set()
+    for address in tables:
+        arena = ctypes.c_uint(); size = ctypes.c_size_t(ctypes.sizeof(arena)); pointer = ctypes.c_void_p(address)
+        assert mallctl(b"arenas.lookup", ctypes.byref(arena), ctypes.byref(size), ctypes.byref(pointer), ctypes.sizeof(pointer)) == 0
+        found.add(arena.value)
+    return sorted(found)
+
 print(json.dumps({
     "kept": kept, "default": default,
     "inside": where(inside + nested + after_nested + [uid]),
     "outside": where(outside_before + outside_after),
+    "plain tuples": where(plain_tuples), "fresh tuples": where(fresh_tuples),
+    "dicts": where(dicts), "dict tables": dict_tables_kept(dicts, kept),
+    "fresh equal": fresh_tuples[5] == (5, "a", None) and hash(fresh_tuples[5]) == hash((5, "a", None)),
     "arena_after": read(b"thread.arena", ctypes.c_uint),
     "tcache_after": read(b"thread.tcache.enabled", ctypes.c_bool),
 }))
@@ -89,6 +111,10 @@ def test_a_section_allocates_in_the_kept_arena_and_nothing_else_does() -> None:
     assert found["kept"] != found["default"], found
     assert found["inside"] == [found["kept"]], found
     assert found["kept"] not in found["outside"], found  # type: ignore[operator]
+    # Free lists: the premise (a plain small tuple is an old one), and what beats them.
+    assert found["kept"] not in found["plain tuples"], found  # type: ignore[operator]
+    assert found["fresh tuples"] == [found["kept"]] and found["fresh equal"] is True, found
+    assert found["dicts"] == [found["kept"]] and found["dict tables"] == [found["kept"]], found
     # Left as it was, after a nested section and after an exception.
     assert found["arena_after"] == found["default"], found
     assert found["tcache_after"] is True, found
@@ -174,7 +200,9 @@ from guardedcron import arenas
 from guardedcron.cli.operator import run_operator, settings_from
 from guardedcron.handlers.context import PassMemory
 from guardedcron.handlers.observe import Packed
+from kopf._core.engines.indexing import Index, Store
 from kopf._core.reactor.inventory import ResourceMemories
+from guardedcron.handlers.context import OperatorContext
 
 OBJECTS = int(os.environ["EXPECTED_OBJECTS"])
 
@@ -205,7 +233,12 @@ async def main():
              "index entries": where(live(Packed)),
              "pass records": where(r for p in passes for r in p._objects.values()),
              "locks": where(r.lock for p in passes for r in p._objects.values()),
-             "pass keys": where(k for p in passes for k in p._objects)}
+             "pass keys": where(k for p in passes for k in p._objects),
+             # kopf's keys of each object in its stores, and the handlers' keys of the indexes
+             "index keys": where([k for i in live(Index) for k in (*i._Index__items, *i._Index__reverse)]
+                                 + [k for s in live(Store) for k in s._Store__items]),
+             "metric series": where(child._kwargs for c in live(OperatorContext)
+                                    for child in c.metrics.schedule_period._metrics.values())}
     stop.set()
     await operator
     return found
@@ -225,6 +258,7 @@ async def test_the_operator_keeps_its_per_object_records_in_the_kept_arena(
     kept = str(found["kept"])
     # A GuardedCronJob and its CronJob each: kopf's memory, with three of its records.
     assert found["memories"] == 2 * OBJECTS, found
-    for kind in ("kopf records", "kopf keys", "index entries", "pass records", "locks", "pass keys"):
+    for kind in ("kopf records", "kopf keys", "index entries", "pass records", "locks", "pass keys",
+                 "index keys", "metric series"):
         arenas_found = found[kind]
         assert isinstance(arenas_found, dict) and list(arenas_found) == [kept], (kind, found)

@@ -219,6 +219,23 @@ def keeping_index_entries(index_resource: _IndexResource) -> _IndexResource:
     return keeping
 
 
+_MakeKey = Callable[[indexing.OperatorIndexers, Any], Any]
+
+
+def fresh_index_keys(make_key: _MakeKey) -> _MakeKey:
+    """kopf's key of an object in its index stores, a tuple: made anew each time
+    (arenas.fresh_tuple), so that the one a store keeps, made in the kept arena, is not a
+    tuple from CPython's free list, made anywhere, amid the start's flood."""
+    if getattr(make_key, "_guardedcron_fresh", False):
+        return make_key
+
+    def fresh_key(self: indexing.OperatorIndexers, body: Any) -> Any:
+        return arenas.fresh_tuple(make_key(self, body))
+
+    fresh_key._guardedcron_fresh = True  # type: ignore[attr-defined]
+    return fresh_key
+
+
 def install() -> None:
     """Make kopf build its toggle sets (index pre-population, pausing) from
     CountingToggleSet, slim every object its watches deliver, keep no body for an
@@ -231,3 +248,5 @@ def install() -> None:
     inventory.ResourceMemories.recall = keeping_new_memories(  # type: ignore[method-assign]
         inventory.ResourceMemories.recall)
     indexing.index_resource = keeping_index_entries(indexing.index_resource)
+    indexing.OperatorIndexers.make_key = fresh_index_keys(  # type: ignore[method-assign,assignment]
+        indexing.OperatorIndexers.make_key)

@@ -17,11 +17,11 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
-from guardedcron import contract
+from guardedcron import arenas, contract
 
 Key = tuple[str, str]  # (namespace, GuardedCronJob name)
 Body = Mapping[str, Any]
@@ -100,18 +100,24 @@ def owner_key(body: Mapping[str, Any]) -> Key | None:
 
 
 def index_by_name(body: Body) -> dict[Key, Packed]:
-    return {gcj_key(body): Packed.of(trimmed(body))}
+    return {_stored(gcj_key(body)): Packed.of(trimmed(body))}
 
 
 def index_job(body: Body) -> dict[Key, Packed]:
     key = owner_key(body)
     # The pod template is the CronJob's, already known; runs are told apart by status.
-    return {key: Packed.of(trimmed(body, drop_spec_keys=("template",)))} if key is not None else {}
+    return {_stored(key): Packed.of(trimmed(body, drop_spec_keys=("template",)))} if key is not None else {}
 
 
 def index_pod(body: Body) -> dict[Key, Packed]:
     key = owner_key(body)
-    return {key: Packed.of(trimmed(body, keep_spec=False))} if key is not None else {}
+    return {_stored(key): Packed.of(trimmed(body, keep_spec=False))} if key is not None else {}
+
+
+def _stored(key: Key) -> Key:
+    """A key as an index keeps it, for as long as its object lives: made anew (kopf indexes
+    in the kept arena), not a tuple from CPython's free list (arenas.fresh_tuple)."""
+    return cast(Key, arenas.fresh_tuple(key))
 
 
 def lookup(index: Index, key: Key) -> Body | None:
