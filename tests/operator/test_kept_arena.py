@@ -88,8 +88,11 @@ def dict_tables_kept(dicts, kept):  # a dict's table is a malloc of its own (ma_
     tables = [ctypes.c_void_p.from_address(id(d) + 32).value for d in dicts]
     found = set()
     for address in tables:
-        arena = ctypes.c_uint(); size = ctypes.c_size_t(ctypes.sizeof(arena)); pointer = ctypes.c_void_p(address)
-        assert mallctl(b"arenas.lookup", ctypes.byref(arena), ctypes.byref(size), ctypes.byref(pointer), ctypes.sizeof(pointer)) == 0
+        arena = ctypes.c_uint()
+        size = ctypes.c_size_t(ctypes.sizeof(arena))
+        pointer = ctypes.c_void_p(address)
+        assert mallctl(b"arenas.lookup", ctypes.byref(arena), ctypes.byref(size),
+                       ctypes.byref(pointer), ctypes.sizeof(pointer)) == 0
         found.add(arena.value)
     return sorted(found)
 
