@@ -19,8 +19,9 @@ Where the allocations go never changes what the program does: without jemalloc (
 a developer's machine), before `enable()`, or for code that runs outside a section,
 `kept()` does nothing and everything is allocated where it would have been. A section
 that misses a record, or holds a short-lived one, costs memory, not correctness.
-CPython's own free lists (floats, small tuples, dicts) may still hand a section an
-object made elsewhere; that is a small part of what it makes.
+CPython's own free lists would hand a section objects freed elsewhere: a section holds
+the free lists of dicts and floats while it runs, and small tuples kept as keys are made
+with `fresh_tuple`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ class _Arena:
         self.mallctl(b"thread.tcache.enabled", None, None, ctypes.byref(_ON), ctypes.sizeof(_ON))
 
 
-FREE_DICTS = 80  # CPython's free lists of dicts and of their smallest tables (PyDict_MAXFREELIST)
+# The lengths of CPython 3.11's free lists of dicts (and of their smallest tables) and of
+# floats (PyDict_MAXFREELIST, PyFloat_MAXFREELIST).
+FREE_DICTS = 80
+FREE_FLOATS = 100
 _OFF = ctypes.c_bool(False)
 _ON = ctypes.c_bool(True)
 _arena: _Arena | None = None
@@ -111,9 +115,7 @@ def kept(when: bool = True) -> Iterator[None]:
         yield
         return
     _local.inside = True
-    # CPython keeps up to 80 freed dicts, and 80 of their smallest tables, and hands them
-    # out before asking malloc: held for the section, a dict made in it is made here.
-    held = [{"": None} for _ in range(FREE_DICTS)]
+    held = _hold_free_lists()
     arena.enter()
     try:
         yield
@@ -121,6 +123,15 @@ def kept(when: bool = True) -> Iterator[None]:
         arena.leave()
         del held
         _local.inside = False
+
+
+def _hold_free_lists() -> list[object]:
+    """Empty CPython's free lists of dicts and floats, made anywhere and handed out before
+    malloc is asked: held for a section, a dict or float made in it is made in the arena.
+    (Small tuples have free lists too long to empty, 2,000 of each length: fresh_tuple.)"""
+    held: list[object] = [{"": None} for _ in range(FREE_DICTS)]
+    held.extend(number * 1.0 for number in range(FREE_FLOATS))
+    return held
 
 
 def kept_until_suspended(coroutine: Coroutine[Any, Any, T]) -> Awaitable[T]:
@@ -176,6 +187,11 @@ def fresh_tuple(items: tuple[T, ...]) -> tuple[T, ...]:
     anywhere (up to 2,000 of each length), so a tuple kept as a key, made in a section
     amid a flood, would be an old one on the flood's pages."""
     return _FreshTuple(items)
+
+
+def fresh_float(value: float) -> float:
+    """A copy of `value` made now (in a section: in the kept arena); `float(x)` returns x."""
+    return value * 1.0
 
 
 def fresh_bytes(data: bytes) -> bytes:

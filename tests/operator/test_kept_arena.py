@@ -70,12 +70,14 @@ with arenas.kept():
     uid = arenas.fresh("2f1c6a3e-0000-4000-8000-000000000001")
 # CPython's free lists, full of tuples and dicts made outside: a plain tuple made in a
 # section comes from there, a fresh tuple and a dict made in a section do not.
-freed = [(i, str(i), None) for i in range(5000)] + [{"k": i} for i in range(500)]
+freed = [(i, str(i), None) for i in range(5000)] + [{"k": i} for i in range(500)] + [
+    i + 0.25 for i in range(500)]
 del freed
 with arenas.kept():
     plain_tuples = [(i, "a", None) for i in range(100)]
     fresh_tuples = [arenas.fresh_tuple((i, "a", None)) for i in range(100)]
     dicts = [{"k": i} for i in range(100)]
+    floats = [arenas.fresh_float(i + 0.5) for i in range(100)]
 try:
     with arenas.kept():
         raise ValueError("left through an exception")
@@ -101,7 +103,7 @@ print(json.dumps({
     "inside": where(inside + nested + after_nested + [uid]),
     "outside": where(outside_before + outside_after),
     "plain tuples": where(plain_tuples), "fresh tuples": where(fresh_tuples),
-    "dicts": where(dicts), "dict tables": dict_tables_kept(dicts, kept),
+    "dicts": where(dicts), "dict tables": dict_tables_kept(dicts, kept), "floats": where(floats),
     "fresh equal": fresh_tuples[5] == (5, "a", None) and hash(fresh_tuples[5]) == hash((5, "a", None)),
     "arena_after": read(b"thread.arena", ctypes.c_uint),
     "tcache_after": read(b"thread.tcache.enabled", ctypes.c_bool),
@@ -118,6 +120,7 @@ def test_a_section_allocates_in_the_kept_arena_and_nothing_else_does() -> None:
     assert found["kept"] not in found["plain tuples"], found  # type: ignore[operator]
     assert found["fresh tuples"] == [found["kept"]] and found["fresh equal"] is True, found
     assert found["dicts"] == [found["kept"]] and found["dict tables"] == [found["kept"]], found
+    assert found["floats"] == [found["kept"]], found
     # Left as it was, after a nested section and after an exception.
     assert found["arena_after"] == found["default"], found
     assert found["tcache_after"] is True, found
@@ -240,8 +243,10 @@ async def main():
              # kopf's keys of each object in its stores, and the handlers' keys of the indexes
              "index keys": where([k for i in live(Index) for k in (*i._Index__items, *i._Index__reverse)]
                                  + [k for s in live(Store) for k in s._Store__items]),
-             "metric series": where(child._kwargs for c in live(OperatorContext)
-                                    for child in c.metrics.schedule_period._metrics.values())}
+             # a series and its value, set by the first pass and left alone by the later ones
+             "metric series": where(part for c in live(OperatorContext)
+                                    for child in c.metrics.schedule_period._metrics.values()
+                                    for part in (child._kwargs, child._value._value))}
     stop.set()
     await operator
     return found

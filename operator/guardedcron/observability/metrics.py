@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from guardedcron import contract
+from guardedcron import arenas, contract
 from guardedcron.status import MetricChanges, Outcome
 
 # The `outcome` label of runs_total and run_duration_seconds.
@@ -106,11 +106,21 @@ def record_changes(metrics: Metrics, *, namespace: str, name: str, changes: Metr
     if changes.overlaps:
         metrics.overlaps.labels(namespace, name).inc(changes.overlaps)
     if changes.last_success is not None:
-        metrics.last_success.labels(namespace, name).set(changes.last_success.timestamp())
+        _set(metrics.last_success, namespace, name, changes.last_success.timestamp())
     if changes.schedule_period_seconds is not None:
-        metrics.schedule_period.labels(namespace, name).set(changes.schedule_period_seconds)
+        _set(metrics.schedule_period, namespace, name, changes.schedule_period_seconds)
     else:
         _remove(metrics.schedule_period, namespace, name)
+
+
+def _set(gauge: Gauge, namespace: str, name: str, value: float) -> None:
+    """Set a series' gauge, left alone if it holds `value` already: most passes set the
+    value the series has, and the float it holds lives as long as the series (made with
+    it in the kept arena, guardedcron.arenas), where each pass's copy would be made among
+    the pass's short-lived objects and outlive them."""
+    series = gauge.labels(namespace, name)
+    if series._value.get() != value:  # prometheus_client's holder of a gauge's value
+        series.set(arenas.fresh_float(value))
 
 
 def record_suspension(metrics: Metrics, *, namespace: str, name: str, suspended: bool | None) -> None:
@@ -119,7 +129,7 @@ def record_suspension(metrics: Metrics, *, namespace: str, name: str, suspended:
     if suspended is None:
         _remove(metrics.suspended_after_failures, namespace, name)
     else:
-        metrics.suspended_after_failures.labels(namespace, name).set(1 if suspended else 0)
+        _set(metrics.suspended_after_failures, namespace, name, 1 if suspended else 0)
 
 
 def observe_reconcile(metrics: Metrics, *, namespace: str, name: str, seconds: float, error: bool) -> None:
