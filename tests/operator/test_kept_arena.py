@@ -68,8 +68,8 @@ with arenas.kept():
         nested = [object() for _ in range(200)]
     after_nested = [object() for _ in range(200)]
     uid = arenas.fresh("2f1c6a3e-0000-4000-8000-000000000001")
-# CPython's free lists, full of tuples and dicts made outside: a plain tuple made in a
-# section comes from there, a fresh tuple and a dict made in a section do not.
+# CPython's free lists, filled with tuples, dicts and floats made outside: a plain tuple
+# made in a section comes from there; a fresh tuple, a dict and a float made in one do not.
 freed = [(i, str(i), None) for i in range(5000)] + [{"k": i} for i in range(500)] + [
     i + 0.25 for i in range(500)]
 del freed
@@ -86,7 +86,7 @@ except ValueError:
 outside_after = [object() for _ in range(200)]
 where = lambda objects: sorted({arenas.arena_of(o) for o in objects})
 
-def dict_tables_kept(dicts, kept):  # a dict's table is a malloc of its own (ma_keys, CPython 3.11)
+def dict_tables(dicts):  # the arenas of their tables, each a malloc of its own (ma_keys, CPython 3.11)
     tables = [ctypes.c_void_p.from_address(id(d) + 32).value for d in dicts]
     found = set()
     for address in tables:
@@ -103,7 +103,7 @@ print(json.dumps({
     "inside": where(inside + nested + after_nested + [uid]),
     "outside": where(outside_before + outside_after),
     "plain tuples": where(plain_tuples), "fresh tuples": where(fresh_tuples),
-    "dicts": where(dicts), "dict tables": dict_tables_kept(dicts, kept), "floats": where(floats),
+    "dicts": where(dicts), "dict tables": dict_tables(dicts), "floats": where(floats),
     "fresh equal": fresh_tuples[5] == (5, "a", None) and hash(fresh_tuples[5]) == hash((5, "a", None)),
     "arena_after": read(b"thread.arena", ctypes.c_uint),
     "tcache_after": read(b"thread.tcache.enabled", ctypes.c_bool),
@@ -204,11 +204,10 @@ import asyncio, gc, json, os
 from collections import Counter
 from guardedcron import arenas
 from guardedcron.cli.operator import run_operator, settings_from
-from guardedcron.handlers.context import PassMemory
+from guardedcron.handlers.context import OperatorContext, PassMemory
 from guardedcron.handlers.observe import Packed
 from kopf._core.engines.indexing import Index, Store
 from kopf._core.reactor.inventory import ResourceMemories
-from guardedcron.handlers.context import OperatorContext
 
 OBJECTS = int(os.environ["EXPECTED_OBJECTS"])
 
