@@ -124,17 +124,18 @@ def _mallctl_read(mallctl: Callable[..., int], name: str, kind: type = ctypes.c_
     return int(value.value)
 
 
-def jemalloc_bins(mallctl: Callable[..., int]) -> list[dict[str, int]]:
-    """Each small size class over every arena (after the `epoch` write of
-    jemalloc_stats): KiB in live regions against KiB of the slabs that hold them, so a
-    class whose slabs are mostly free shows where the resident memory is not live data."""
+def jemalloc_bins(mallctl: Callable[..., int], stats: str = "stats.arenas.4096") -> list[dict[str, int]]:
+    """Each small size class over every arena, or over the one arena `stats` names (after
+    the `epoch` write of jemalloc_stats): KiB in live regions against KiB of the slabs that
+    hold them, so a class whose slabs are mostly free shows where the resident memory is
+    not live data."""
     found = []
     for index in range(_mallctl_read(mallctl, "arenas.nbins", ctypes.c_uint)):
         size = _mallctl_read(mallctl, f"arenas.bin.{index}.size")
         slab = _mallctl_read(mallctl, f"arenas.bin.{index}.slab_size")
-        regions = _mallctl_read(mallctl, f"stats.arenas.4096.bins.{index}.curregs")
-        slabs = _mallctl_read(mallctl, f"stats.arenas.4096.bins.{index}.curslabs")
-        nonfull = _mallctl_read(mallctl, f"stats.arenas.4096.bins.{index}.nonfull_slabs")
+        regions = _mallctl_read(mallctl, f"{stats}.bins.{index}.curregs")
+        slabs = _mallctl_read(mallctl, f"{stats}.bins.{index}.curslabs")
+        nonfull = _mallctl_read(mallctl, f"{stats}.bins.{index}.nonfull_slabs")
         found.append({"size": size, "live_kib": regions * size // 1024,
                       "slabs_kib": slabs * slab // 1024, "slabs": slabs, "nonfull_slabs": nonfull})
     return found
@@ -142,14 +143,9 @@ def jemalloc_bins(mallctl: Callable[..., int]) -> list[dict[str, int]]:
 
 def _emptiest_classes(mallctl: Callable[..., int], stats: str, most: int = 4) -> dict[str, str]:
     """An arena's small size classes with the most free space on their slabs: "live / slabs" KiB."""
-    found = []
-    for index in range(_mallctl_read(mallctl, "arenas.nbins", ctypes.c_uint)):
-        size = _mallctl_read(mallctl, f"arenas.bin.{index}.size")
-        live = _mallctl_read(mallctl, f"{stats}.bins.{index}.curregs") * size // 1024
-        slabs = _mallctl_read(mallctl, f"{stats}.bins.{index}.curslabs") * \
-            _mallctl_read(mallctl, f"arenas.bin.{index}.slab_size") // 1024
-        found.append((slabs - live, size, f"{live} / {slabs}"))
-    return {str(size): text for _, size, text in sorted(found, reverse=True)[:most]}
+    bins = sorted(jemalloc_bins(mallctl, stats), key=lambda b: (b["slabs_kib"] - b["live_kib"], b["size"]),
+                  reverse=True)
+    return {str(b["size"]): f"{b['live_kib']} / {b['slabs_kib']}" for b in bins[:most]}
 
 
 def jemalloc_arenas(mallctl: Callable[..., int]) -> list[dict[str, object]]:
@@ -248,8 +244,7 @@ def outside_kept_by_site(tracked: list[object], classes: tuple[int, ...] = (16, 
     except ImportError:
         return {}
     kept = arenas.enable()
-    mallctl = getattr(ctypes.CDLL(None), "mallctl", None)
-    if kept is None or mallctl is None or not tracemalloc.is_tracing():
+    if kept is None or not tracemalloc.is_tracing():
         return {}
     usable = ctypes.CDLL(None).malloc_usable_size
     usable.argtypes, usable.restype = [ctypes.c_void_p], ctypes.c_size_t
@@ -259,7 +254,7 @@ def outside_kept_by_site(tracked: list[object], classes: tuple[int, ...] = (16, 
         for what, address in _buffers(obj):
             parts.append((what, size_class(usable(address)), address))
         for what, size, address in parts:
-            if size in classes and _arena_at(mallctl, address) != kept:
+            if size in classes and arenas.arena_at(address) != kept:
                 found[f"{what} ({size}) {_site(tracemalloc.get_object_traceback(obj))}"] += 1
     return dict(found.most_common(120))
 
@@ -275,16 +270,6 @@ def _buffers(obj: object) -> Iterator[tuple[str, int]]:
         address = ctypes.c_void_p.from_address(id(obj) + 32).value  # ma_keys (no ma_values)
         if address:
             yield "dict table", address
-
-
-def _arena_at(mallctl: Callable[..., int], address: int) -> int | None:
-    found = ctypes.c_uint(0)
-    size = ctypes.c_size_t(ctypes.sizeof(found))
-    pointer = ctypes.c_void_p(address)
-    if mallctl(b"arenas.lookup", ctypes.byref(found), ctypes.byref(size), ctypes.byref(pointer),
-               ctypes.sizeof(pointer)) != 0:
-        return None
-    return int(found.value)
 
 
 def _site(traceback: tracemalloc.Traceback | None, depth: int = 3) -> str:

@@ -201,14 +201,20 @@ def fresh_bytes(data: bytes) -> bytes:
 
 
 def arena_of(obj: object) -> int | None:
-    """The jemalloc arena that holds `obj` (`arenas.lookup` of its address); None where
-    jemalloc does not serve. For tests and the benchmarks' census."""
+    """The jemalloc arena that holds `obj`; None where jemalloc does not serve. For tests
+    and the benchmarks' census."""
+    return arena_at(id(obj))
+
+
+def arena_at(address: int) -> int | None:
+    """The jemalloc arena that holds the allocation at `address` (`arenas.lookup`); None
+    where jemalloc does not serve."""
     mallctl = _mallctl()
     if mallctl is None:
         return None
     found = ctypes.c_uint(0)
     size = ctypes.c_size_t(ctypes.sizeof(found))
-    pointer = ctypes.c_void_p(id(obj))
+    pointer = ctypes.c_void_p(address)
     if mallctl(b"arenas.lookup", ctypes.byref(found), ctypes.byref(size), ctypes.byref(pointer),
                ctypes.sizeof(pointer)) != 0:
         return None

@@ -87,16 +87,7 @@ outside_after = [object() for _ in range(200)]
 where = lambda objects: sorted({arenas.arena_of(o) for o in objects})
 
 def dict_tables(dicts):  # the arenas of their tables, each a malloc of its own (ma_keys, CPython 3.11)
-    tables = [ctypes.c_void_p.from_address(id(d) + 32).value for d in dicts]
-    found = set()
-    for address in tables:
-        arena = ctypes.c_uint()
-        size = ctypes.c_size_t(ctypes.sizeof(arena))
-        pointer = ctypes.c_void_p(address)
-        assert mallctl(b"arenas.lookup", ctypes.byref(arena), ctypes.byref(size),
-                       ctypes.byref(pointer), ctypes.sizeof(pointer)) == 0
-        found.add(arena.value)
-    return sorted(found)
+    return sorted({arenas.arena_at(ctypes.c_void_p.from_address(id(d) + 32).value) for d in dicts})
 
 print(json.dumps({
     "kept": kept, "default": default,
