@@ -154,8 +154,8 @@ def run(dsn: str) -> tuple[list[Table], dict[str, str]]:
         end = now - TOLERANCE
         for label, span in (("day", timedelta(days=1)), ("week", timedelta(days=7))):
             expected = expected_minutes(end - span, end)
-            gaps = history.find_gaps(conn, LOCK, expected, TOLERANCE)
-            seconds = timed(lambda e=expected: history.find_gaps(conn, LOCK, e, TOLERANCE))
+            gaps = history.find_gaps(conn, LOCK, expected)
+            seconds = timed(lambda e=expected: history.find_gaps(conn, LOCK, e))
             queries.add(
                 f"history.find_gaps ({len(gaps)} gaps found)",
                 label,
@@ -165,7 +165,7 @@ def run(dsn: str) -> tuple[list[Table], dict[str, str]]:
             cli, code = cli_gaps_seconds(dsn, end - span, end)
             queries.add(f"`guardedcron runs --gaps` whole command (exit {code})", label, "", ms(cli))
             explaining = Explaining(conn)
-            history.find_gaps(explaining, LOCK, expected, TOLERANCE)  # type: ignore[arg-type]
+            history.find_gaps(explaining, LOCK, expected)  # type: ignore[arg-type]
             plans.update({f"find_gaps, {label} window": plan for plan in explaining.plans.values()})
         overlaps = history.find_overlaps(conn, LOCK)
         seconds = timed(lambda: history.find_overlaps(conn, LOCK), repeat=3)
@@ -192,7 +192,7 @@ def run(dsn: str) -> tuple[list[Table], dict[str, str]]:
         conn.execute("VACUUM guardedcron.runs")
         retention.add("after VACUUM", "", f"{count_runs(conn):,}", f"{table_bytes(conn) / 2**20:.0f}")
         week = expected_minutes(end - timedelta(days=7), end)
-        pruned_gaps = history.find_gaps(conn, LOCK, week, TOLERANCE)
+        pruned_gaps = history.find_gaps(conn, LOCK, week)
         oldest = conn.execute(
             "SELECT min(started_at) FROM guardedcron.runs WHERE lock_name = %s", (LOCK,)
         ).fetchone()

@@ -53,7 +53,7 @@ def test_no_overlaps_in_clean_history(dsn: str) -> None:
         assert history.find_overlaps(conn, "job") == []
 
 
-def test_gaps_by_slot_and_by_manual_start(dsn: str) -> None:
+def test_gaps_by_slot_a_manual_run_covers_none(dsn: str) -> None:
     expected = [T0 + timedelta(minutes=5 * i) for i in range(6)]  # 02:00 .. 02:25
     with psycopg.connect(dsn, autocommit=True) as conn:
         insert_run(conn, start_min=0.2, end_min=1, fence=1, slot=history.slot_of(expected[0]))
@@ -63,9 +63,9 @@ def test_gaps_by_slot_and_by_manual_start(dsn: str) -> None:
         insert_run(
             conn, start_min=10.3, end_min=11, fence=2, slot=history.slot_of(expected[2]), outcome="failed"
         )  # failed, but it ran: no gap
-        insert_run(conn, start_min=20.5, end_min=21, fence=3)  # manual, 30 s after 02:20
-        gaps = history.find_gaps(conn, "job", expected, timedelta(seconds=60))
-    assert [g.expected_at for g in gaps] == [expected[1], expected[3], expected[5]]
+        insert_run(conn, start_min=20.5, end_min=21, fence=3)  # manual, 30 s after 02:20: no slot of its own
+        gaps = history.find_gaps(conn, "job", expected)
+    assert [g.expected_at for g in gaps] == [expected[1], expected[3], expected[4], expected[5]]
 
 
 def test_runs_cli_reports_gaps_against_a_cron_schedule(dsn: str) -> None:

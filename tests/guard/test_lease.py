@@ -167,6 +167,24 @@ def test_a_slot_runs_once_even_after_its_run_released(dsn: str) -> None:
         assert following.acquired and following.fence == first.fence + 1
 
 
+
+def test_a_loser_says_whether_its_slot_ran_while_the_lease_is_held(dsn: str) -> None:
+    """'lease-held' means the slot did not run; 'slot-claimed' that it did, also while the
+    winner of that slot still holds the lease (the other cluster's run is going on)."""
+    with connect(dsn) as conn:
+        first = lease_ops.acquire(conn, AcquireRequest("job", "cluster-a/pod", 60, slot=29_000_000))
+        assert first.acquired
+        same_slot = lease_ops.acquire(conn, AcquireRequest("job", "cluster-b/pod", 60, slot=29_000_000))
+        assert (same_slot.reason, same_slot.holder) == ("slot-claimed", "cluster-a/pod")
+        assert same_slot.fence == first.fence
+        next_slot = lease_ops.acquire(conn, AcquireRequest("job", "cluster-b/pod-2", 60, slot=29_000_001))
+        assert (next_slot.reason, next_slot.holder) == ("lease-held", "cluster-a/pod")
+        reasons = conn.execute(
+            "SELECT holder, reason FROM guardedcron.runs WHERE outcome = 'skipped' ORDER BY id"
+        ).fetchall()
+        assert reasons[0][0] == "cluster-b/pod" and reasons[0][1].startswith("slot 29000000 already run by")
+        assert reasons[1][0] == "cluster-b/pod-2" and reasons[1][1].startswith("lease held by cluster-a/pod")
+
 def test_manual_runs_rely_on_the_lease_alone(dsn: str) -> None:
     with connect(dsn) as conn:
         held = lease_ops.acquire(conn, AcquireRequest("job", "a", 60))

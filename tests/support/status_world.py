@@ -64,11 +64,13 @@ class Runs:
         guard = self._guard(69, at, k.error_summary("billing/p", 69, "cannot reach the database"))
         return job, [k.pod(job, created=at, phase="Failed", init_statuses=[guard])]
 
-    def skipped(self, at: datetime, fence: int) -> Run:
+    def skipped(self, at: datetime, fence: int, reason: str = "slot-claimed") -> Run:
+        """The slot's run skipped: by default because the other cluster ran the slot (fence);
+        `lease-held` for a lease held by a run of another slot."""
         end = at + timedelta(seconds=9)
         job = k.job(slot_time=at, created=at, zone_offset=CEST, started=at, conditions=k.failed_conditions(
             "PodFailurePolicy", k.rule_message(f"{k.CRONJOB}-{k.minute_of(at)}-q7xkz", 75, 0), end))
-        summary = k.skipped_summary(k.holder_of(job), "eu-2/billing/x", fence, k.minute_of(at))
+        summary = k.skipped_summary(k.holder_of(job), "eu-2/billing/x", fence, k.minute_of(at), reason)
         guard = self._guard(75, at, summary)
         return job, [k.pod(job, created=at, phase="Failed", init_statuses=[guard])]
 

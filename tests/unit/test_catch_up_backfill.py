@@ -28,7 +28,7 @@ from guardedcron.status.backfill import (
     started,
 )
 from guardedcron.status.catchup import plan_catch_up
-from guardedcron.status.runs import is_manual, scheduled_slot
+from guardedcron.status.runs import SLOT_CLAIMED_WORDS, is_manual, scheduled_slot
 from guardedcron.status.times import epoch_minute, format_time
 from tests.support.gcj import DEFAULT_SETTINGS, base_gcj, put
 
@@ -139,12 +139,17 @@ def test_a_slot_is_missed_only_past_its_deadline_and_inside_the_window() -> None
     assert (result.start, result.given_up) == (at("11:40"), ())
 
 
-def test_guard_error_slots_are_missed_skipped_and_manual_are_not() -> None:
+def test_a_slot_is_made_up_unless_a_run_of_it_started_somewhere() -> None:
     spec = parsed(catchUp={"policy": "All", "windowSeconds": 1800, "maxRuns": 10})
     guard_error = ran(at("11:40"), Outcome.GUARD_ERROR)  # the controller's Job, which still exists
     made_up = plan(spec, [guard_error])
     assert (made_up.start, made_up.attempt) == (at("11:40"), 1)  # under another name (below)
-    assert plan(spec, [ran(at("11:40"), Outcome.SKIPPED)]).start is None
+    # Skipped for a lease held by a run of another slot (or a dead pod's): missed, made up.
+    held = ran(at("11:40"), Outcome.SKIPPED, reason="lease held by other/pod (fence 4)")
+    assert plan(spec, [held]).start == at("11:40")
+    # Skipped because the slot was claimed: it ran in another cluster.
+    claimed = ran(at("11:40"), Outcome.SKIPPED, reason=f"slot 1 {SLOT_CLAIMED_WORDS} other/pod (fence 4)")
+    assert plan(spec, [claimed]).start is None
     manual = RunRecord(job="nightly-invoices-manual-bcdfg", outcome=Outcome.SUCCEEDED, reason="x",
                        manual=True, finished_at=at("11:45"))
     assert plan(spec, [manual]).start == at("11:40")
@@ -295,9 +300,10 @@ def test_catch_up_tries_a_turned_away_make_up_again() -> None:
     assert (again.start, again.attempt) == (at("11:40"), 2)
     claimed = ran(at("11:40"), Outcome.SKIPPED, kind=contract.RUN_KIND_CATCH_UP, reason=CLAIMED)
     assert plan(spec, [claimed]).start is None  # it ran in another cluster: settled
-    # The controller's own run skipped because the lease was held (Forbid) is not missed.
-    forbid = ran(at("11:40"), Outcome.SKIPPED, reason=LEASE_HELD)
-    assert plan(spec, [forbid]).start is None
+    # The controller's own run skipped because a run of another slot held the lease: no run
+    # of 11:40 started anywhere, so it is missed and made up (the first attempt).
+    held = plan(spec, [ran(at("11:40"), Outcome.SKIPPED, reason=LEASE_HELD)])
+    assert (held.start, held.attempt) == (at("11:40"), 1)
 
 
 def test_a_backfill_waits_while_another_run_is_active() -> None:

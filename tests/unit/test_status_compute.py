@@ -255,3 +255,11 @@ def test_status_patch_nulls_fields_that_went_away() -> None:
     assert status_patch(old, new) == {"lastRun": {"job": "b", "fence": None}, "nextScheduleTime": None}
     assert status_changed(old, copy.deepcopy(old)) is False
     assert status_changed({"kopf": 1}, {}) is False  # keys compute_status does not own
+
+
+def test_a_slot_turned_away_by_another_slots_lease_is_reported_missed(runs: Runs) -> None:
+    now = slot(20) + timedelta(minutes=20)
+    held = compute([runs.succeeded(slot(19), 5), runs.skipped(slot(20), 6, "lease-held")], None, now)
+    assert condition(held, "MissedRun") == ("True", "LeaseHeld")
+    ran_elsewhere = compute([runs.succeeded(slot(19), 5), runs.skipped(slot(20), 6)], None, now)
+    assert condition(ran_elsewhere, "MissedRun") == ("False", "NoMissedRun")

@@ -181,3 +181,23 @@ def test_tolerance_and_starting_deadline_both_delay_the_verdict() -> None:
 ])
 def test_schedule_period(schedule: str, zone: str | None, now: str, period: float) -> None:
     assert schedule_period_seconds(parsed(schedule, zone), z(now)) == period
+
+
+def skip(slot: datetime, reason: str) -> RunRecord:
+    minute = k.minute_of(slot)
+    return RunRecord(job=f"{k.CRONJOB}-{minute}", outcome=Outcome.SKIPPED, reason=reason, slot=minute,
+                     scheduled_at=slot, started_at=slot, finished_at=slot + timedelta(seconds=5))
+
+
+def test_a_skip_settles_its_slot_only_when_the_slot_ran_elsewhere() -> None:
+    """One meaning of missed: the lease held by a run of another slot (or a dead pod) leaves
+    the slot unrun, so it is missed; a slot claimed by another cluster's run is settled."""
+    spec = parsed("0 * * * *", None)
+    slot, now = z("2025-06-02T10:00:00"), z("2025-06-02T10:11:00")
+    held = skip(slot, "lease held by eu-2/billing/nightly-invoices-29145480-x (fence 8)")
+    got = find_missed_run(spec, jobs=[held], last_schedule_time=slot, created_at=LONG_AGO, now=now)
+    assert got is not None and (got.slot, got.job_name) == (k.minute_of(slot), held.job)
+    assert got.turned_away == held.reason and got.guard_error is None
+    claimed = skip(slot, f"slot {k.minute_of(slot)} already ran under eu-2/billing/x (fence 9)")
+    assert find_missed_run(spec, jobs=[held, claimed], last_schedule_time=slot, created_at=LONG_AGO,
+                           now=now) is None

@@ -52,7 +52,7 @@ def test_a_run_from_start_to_end_to_deletion(runs: Runs) -> None:
 
 def test_a_run_first_seen_finished_gets_only_its_outcome(runs: Runs) -> None:
     passes = Passes()
-    events = compute_change([runs.skipped(slot(10), 9)], None, slot(10) + timedelta(minutes=1),
+    events = compute_change([runs.skipped(slot(10), 9, "lease-held")], None, slot(10) + timedelta(minutes=1),
                             gcj=GCJ).events
     assert [(e.reason, e.warning) for e in events] == [(EventReason.RUN_SKIPPED, False)]
     assert events[0].message == (f"run {job_name(10)} for slot {k.minute_of(slot(10))} skipped: "

@@ -49,7 +49,9 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser.add_argument("--since", help="start of the gap window, ISO 8601 (default: 7 days back)")
     parser.add_argument("--until", help="end of the gap window, ISO 8601 (default: now)")
     parser.add_argument(
-        "--tolerance-seconds", default="60", help="how late a run may start and still count (default 60)"
+        "--tolerance-seconds",
+        default="60",
+        help="how long a slot's run may take to start: newer slots are not counted yet (default 60)",
     )
     parser.add_argument(
         "--overlaps",
@@ -141,7 +143,7 @@ def _run(args: argparse.Namespace) -> int:
                 for o in history.find_overlaps(conn, args.lock)
             ]
         if expected is not None:
-            gaps = history.find_gaps(conn, args.lock, expected, tolerance)
+            gaps = history.find_gaps(conn, args.lock, expected)
             report["gaps"] = [{"expected_at": g.expected_at.isoformat(), "slot": g.slot} for g in gaps]
         return report
 

@@ -7,7 +7,7 @@ runs of one lock work at the same time, and did an expected run never happen?
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -133,42 +133,26 @@ def find_overlaps(conn: Connection, lock: str) -> list[Overlap]:
     return overlaps
 
 
-def find_gaps(
-    conn: Connection,
-    lock: str,
-    expected: list[datetime],
-    tolerance: timedelta,
-) -> list[Gap]:
-    """Expected fire times with no run that worked for them.
+def find_gaps(conn: Connection, lock: str, expected: list[datetime]) -> list[Gap]:
+    """Expected fire times that no run of theirs started for, anywhere.
 
-    A scheduled run covers its slot (minutes since the epoch, as the CronJob
-    controller names Jobs). A run without a slot (manual) covers an expected time
-    when it started within the tolerance after it. Skipped attempts cover nothing
-    by themselves: the run that beat them does.
+    A slot (minutes since the epoch, as the CronJob controller names Jobs) is covered by a
+    run that won the lease for it, whatever its outcome. Skipped attempts cover nothing by
+    themselves (the run that claimed the slot does), and neither does a manual run, which
+    has no slot: a scheduled run it turned away is a gap. The operator's MissedRun counts
+    the same way (`RunRecord.settles_slot`; docs/design.md, "Run-or-report").
     """
     if not expected:
         return []
     from guardedcron.guard.timestamps import reading
 
-    start = expected[0]
-    end = expected[-1] + tolerance
     rows = reading(conn).execute(
-        "SELECT slot, started_at FROM guardedcron.runs"
-        " WHERE lock_name = %s AND outcome <> 'skipped'"
-        " AND (slot BETWEEN %s AND %s OR (slot IS NULL AND started_at BETWEEN %s AND %s))",
-        (lock, slot_of(start), slot_of(expected[-1]), start, end),
+        "SELECT DISTINCT slot FROM guardedcron.runs"
+        " WHERE lock_name = %s AND outcome <> 'skipped' AND slot BETWEEN %s AND %s",
+        (lock, slot_of(expected[0]), slot_of(expected[-1])),
     ).fetchall()
-    covered_slots = {int(r[0]) for r in rows if r[0] is not None}
-    manual_starts = sorted(r[1] for r in rows if r[0] is None)
-    gaps = []
-    for when in expected:
-        slot = slot_of(when)
-        if slot in covered_slots:
-            continue
-        if any(when <= s <= when + tolerance for s in manual_starts):
-            continue
-        gaps.append(Gap(when, slot))
-    return gaps
+    covered_slots = {int(r[0]) for r in rows}
+    return [Gap(when, slot_of(when)) for when in expected if slot_of(when) not in covered_slots]
 
 
 def slot_of(when: datetime) -> int:

@@ -41,8 +41,9 @@ def load_migrations() -> list[Migration]:
 # The schema this tool needs: version 4's grant-checked functions (record_skip_v1,
 # check_grant_v1) and the runs policy; version 5's retention in bounded batches (on
 # version 4 the same calls work, with the count cut-off walking the history every time);
-# version 6's cheaper calls; version 7's losses committed without waiting for a flush.
-LATEST_VERSION = 7
+# version 6's cheaper calls; version 7's losses committed without waiting for a flush;
+# version 8's losses that say whether their slot ran.
+LATEST_VERSION = 8
 LEAST_PRIVILEGE_VERSION = 4  # from here on, no function is PUBLIC's
 
 

@@ -290,6 +290,10 @@ def _missed(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[
     )
     if missed is None:
         return cond.MISSED_RUN, "False", "NoMissedRun", "the latest due slot has a run"
+    if missed.turned_away is not None:
+        return (cond.MISSED_RUN, "True", "LeaseHeld",
+                f"the run for the slot at {format_time(missed.scheduled_at)} (Job {missed.job_name}) "
+                f"was skipped and no run of that slot started anywhere: {missed.turned_away}")
     if missed.guard_error is not None:
         return (cond.MISSED_RUN, "True", "GuardError",
                 f"the run for the slot at {format_time(missed.scheduled_at)} (Job {missed.job_name}) "

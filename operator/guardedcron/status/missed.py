@@ -6,8 +6,11 @@ still going) or gave up after `startingDeadlineSeconds` is caught all the same.
 
 Only the latest slot whose deadline has passed is looked at: `MissedRun` says "the
 run that should have started most recently did not", and clears once a later slot
-runs. A slot whose every run ended `GuardError` is missed too: its Job started, but the
-guard could not decide (a database down, say), so the work never ran. Slots are the
+runs. A slot is settled only when a run of *that* slot started somewhere (here, or in
+another cluster sharing the database: the guard then finds the slot claimed). A slot whose
+runs all ended `GuardError` (the guard could not decide: a database down, say), or were
+skipped because the lease was held by a run of another slot, a manual run or a dead pod,
+is missed too: its Job started, but its work never ran anywhere. Slots are the
 schedule's fire times in its time zone (DST handled by `guardedcron.schedule`), strictly
 after the GuardedCronJob was created, as the CronJob controller counts them.
 """
@@ -31,6 +34,7 @@ class MissedRun:
     job_name: str  # the name the CronJob controller would have given its Job
     deadline: datetime  # slot + startingDeadlineSeconds + missedRunToleranceSeconds
     guard_error: str | None = None  # the guard's reason, when the slot's runs all ended GuardError
+    turned_away: str | None = None  # the skip's reason, when a run of the slot found the lease held
 
 
 def find_missed_run(
@@ -41,13 +45,13 @@ def find_missed_run(
     created_at: datetime,
     now: datetime,
 ) -> MissedRun | None:
-    """The latest slot past its deadline without a run that got to its work, or None.
+    """The latest slot past its deadline that no run of it settled, or None.
 
     `jobs` are the runs known for this GuardedCronJob: live Job objects and/or records
-    (status.recentRuns keeps runs whose Jobs the history limits deleted). A slot counts
-    as run when a scheduled (not manual) Job or record carries it that did not end
-    GuardError, or, with no run known for it, when the CronJob's `lastScheduleTime` is
-    that slot.
+    (status.recentRuns keeps runs whose Jobs the history limits deleted). A record settles
+    its slot as `RunRecord.settles_slot` says; a live Job object without a record yet
+    counts as settling (its outcome is not known). With no run known for the slot, the
+    CronJob's `lastScheduleTime` being that slot counts as a run.
     """
     spec = parsed.spec
     if spec.suspend:
@@ -58,17 +62,20 @@ def find_missed_run(
         return None
     slot = epoch_minute(slot_time)
     runs = [job for job in jobs if _scheduled_slot_of(job) == slot]
-    errored = [r for r in runs if isinstance(r, RunRecord) and r.final and r.outcome is Outcome.GUARD_ERROR]
-    if runs and len(errored) < len(runs):
+    if any(not isinstance(run, RunRecord) or run.settles_slot for run in runs):
         return None
     if not runs and last_schedule_time is not None and epoch_minute(last_schedule_time) == slot:
         return None
+    records = [run for run in runs if isinstance(run, RunRecord)]
+    errored = [r for r in records if r.outcome is Outcome.GUARD_ERROR]
+    skipped = [r for r in records if r.outcome is Outcome.SKIPPED]
     return MissedRun(
         scheduled_at=slot_time,
         slot=slot,
-        job_name=errored[-1].job if errored else f"{parsed.name}-{slot}",
+        job_name=records[-1].job if records else f"{parsed.name}-{slot}",
         deadline=slot_time + grace,
-        guard_error=errored[-1].reason if errored else None,
+        guard_error=errored[-1].reason if errored and not skipped else None,
+        turned_away=skipped[-1].reason if skipped else None,
     )
 
 

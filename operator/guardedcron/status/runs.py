@@ -89,6 +89,16 @@ class RunRecord:
         """The run's own guard won the lease with `fence` (so its workload may have run)."""
         return self.outcome in HELD_LEASE and self.fence is not None and self.started_at is not None
 
+    @property
+    def settles_slot(self) -> bool:
+        """A run of this slot started somewhere, or may still: this one is going or held the
+        lease, or its guard found the slot claimed (it ran in another cluster). A skip for a
+        lease held by a run of another slot, by a manual run or by a dead pod settles
+        nothing: the slot is missed (docs/design.md, "Run-or-report")."""
+        if not self.final or self.outcome in HELD_LEASE:
+            return True
+        return self.outcome is Outcome.SKIPPED and SLOT_CLAIMED_WORDS in self.reason
+
     def sort_key(self) -> tuple[datetime, str]:
         """Newest first when sorted in reverse: by the scheduled slot, else the start."""
         when = self.scheduled_at or self.started_at or self.finished_at or _LONG_AGO

@@ -35,7 +35,7 @@ class SlotState(StrEnum):
     WAITING = "waiting"  # an attempt was turned away a moment ago: try again later
     RUNNING = "running"  # a run of it is going here
     RAN = "ran"  # a run here held the lease for it
-    SETTLED = "settled"  # decided without running here: claimed elsewhere, skipped, or given up
+    SETTLED = "settled"  # decided without running here: claimed elsewhere, or given up
 
 
 def _turned_away(run: RunRecord) -> bool:
@@ -54,10 +54,9 @@ def slot_state(runs: Iterable[RunRecord], slot: int, *, now: datetime) -> SlotSt
         return SlotState.RUNNING
     if any(run.outcome in HELD_LEASE for run in mine):
         return SlotState.RAN
-    turned_away = [run for run in mine if _turned_away(run)]
-    others = [run for run in mine if run not in turned_away and run.outcome is not Outcome.GUARD_ERROR]
-    if others:  # the controller's run skipped (lease held: Forbid), or an attempt found it claimed
+    if any(run.settles_slot for run in mine):  # a run found the slot claimed: it ran elsewhere
         return SlotState.SETTLED
+    turned_away = [run for run in mine if _turned_away(run)]
     if len(turned_away) >= MAX_ATTEMPTS:
         return SlotState.SETTLED
     latest = max((run.finished_at for run in turned_away if run.finished_at is not None), default=None)
