@@ -78,7 +78,7 @@ def job_spec(**fields: Any) -> dict[str, Any]:
 # (case, change to the spec, words of the CEL rule that must refuse it)
 INVALID = [
     ("lease not longer than the deadline, no heartbeat",
-     {"activeDeadlineSeconds": 600, "lease": {"durationSeconds": 600}},
+     {"activeDeadlineSeconds": 600, "lease": {"heartbeat": False, "durationSeconds": 600}},
      ("durationSeconds", "heartbeat")),
     ("minimum hold longer than the lease",
      {"lease": {"heartbeat": True, "durationSeconds": 60, "minHoldSeconds": 120}},

@@ -241,9 +241,9 @@ def minimal() -> dict[str, Any]:
     ("failedJobsHistoryLimit", 3),
     ("recentRunsLimit", 10),
     ("missedRunToleranceSeconds", 60),
-    ("lease.durationSeconds", 3900),
+    ("lease.durationSeconds", 60),
     ("lease.minHoldSeconds", 0),
-    ("lease.heartbeat", False),
+    ("lease.heartbeat", True),
     ("lease.onLost", "Record"),
     ("lease.databaseSecretRef.key", "dsn"),
 ])
@@ -314,10 +314,10 @@ POD = "spec.jobTemplate.spec.template.spec"
 
 REFUSED: list[Any] = [
     # id, edits, (by, path, words in the message)
-    ("lease-equals-deadline", [put("spec.lease.durationSeconds", 3600)],
+    ("lease-equals-deadline", [put("spec.lease.heartbeat", False), put("spec.lease.durationSeconds", 3600)],
      ("cel", ".spec.lease.durationSeconds", "must be longer than activeDeadlineSeconds")),
-    ("default-lease-shorter-than-deadline", [put("spec.activeDeadlineSeconds", 7200)],
-     ("cel", ".spec.lease.durationSeconds", "unless lease.heartbeat is true")),
+    ("no-heartbeat-with-the-default-lease", [put("spec.lease.heartbeat", False)],
+     ("cel", ".spec.lease.durationSeconds", "when lease.heartbeat is false")),
     ("heartbeat-lease-too-short", [put("spec.lease.heartbeat", True),
                                    put("spec.lease.durationSeconds", 14)],
      ("cel", ".spec.lease.durationSeconds", "at least 15 when lease.heartbeat is true")),
@@ -480,7 +480,7 @@ ADMITTED: list[Any] = [
     ("heartbeat-lease-of-15-under-a-long-deadline",
      [put("spec.lease.heartbeat", True), put("spec.lease.durationSeconds", 15),
       put("spec.activeDeadlineSeconds", 86400)]),
-    ("min-hold-equal-to-lease", [put("spec.lease.minHoldSeconds", 3900)]),
+    ("min-hold-equal-to-lease", [put("spec.lease.minHoldSeconds", 60)]),
     ("lease-and-min-hold-of-7-days", [put("spec.lease.durationSeconds", 604_800),
                                       put("spec.lease.minHoldSeconds", 604_800)]),
     ("starting-deadline-10", [put("spec.startingDeadlineSeconds", 10)]),
@@ -522,5 +522,5 @@ def test_the_lease_bounds_are_the_guards_and_kubectl_explain_gives_the_reason() 
         assert lease[key]["maximum"] == contract.MAX_LEASE_SECONDS
         description = " ".join(lease[key]["description"].split()).lower()
         assert f"at most {contract.MAX_LEASE_SECONDS} (7 days)" in description
-    assert "dies unseen keeps the job locked" in " ".join(
+    assert "dies unseen leaves the job locked" in " ".join(
         lease["durationSeconds"]["description"].split())

@@ -170,9 +170,11 @@ def test_crd_file_from_the_environment(tmp_path: Path) -> None:
                  ["spec.jobTemplate.spec.template.spec.volumes[0].name: 'guardedcron-run' is "
                   "reserved"], id="reserved-volume"),
     pytest.param([('"30 2 * * *"', '"61 * * * *"'), ("Europe/Stockholm", "Europe/Atlantis"),
-                  ("activeDeadlineSeconds: 3600", "activeDeadlineSeconds: 7200")],
+                  ("databaseSecretRef: {name: jobs-db, key: dsn}",
+                   "databaseSecretRef: {name: jobs-db, key: dsn}\n    heartbeat: false")],
                  ["spec.schedule:", "spec.timeZone:", "spec.lease.durationSeconds: must exceed "
-                  "spec.activeDeadlineSeconds (7200)"], id="three-at-once"),
+                  "spec.activeDeadlineSeconds (3600) when spec.lease.heartbeat is false, not 60"],
+                 id="three-at-once"),
     pytest.param([("databaseSecretRef: {name: jobs-db, key: dsn}",
                    "databaseSecretRef: {name: jobs-db, key: dsn}\n    durationSeconds: 1000000000000")],
                  ["-, document 1 (nightly-invoices): spec.lease.durationSeconds: must be at most "

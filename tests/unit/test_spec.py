@@ -155,7 +155,7 @@ INVALID: list[Any] = [
     pytest.param({"spec.lease.durationSeconds": 3600}, "spec.lease.durationSeconds",
                  "must exceed spec.activeDeadlineSeconds (3600)", id="lease-equal-to-deadline"),
     pytest.param({"spec.lease.durationSeconds": 60}, "spec.lease.durationSeconds",
-                 "unless spec.lease.heartbeat is true", id="lease-shorter-than-deadline"),
+                 "when spec.lease.heartbeat is false", id="lease-shorter-than-deadline"),
     pytest.param({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 14},
                  "spec.lease.durationSeconds", "at least 15 when spec.lease.heartbeat",
                  id="heartbeat-lease-14"),
@@ -362,6 +362,7 @@ def test_real_crd_defaults_give_the_documented_spec() -> None:
     crd = yaml.safe_load(CRD_FILE.read_text())
     defaulted = apply_schema_defaults(yaml.safe_load(README_EXAMPLE), crd)
     expected = put(put(base_gcj(), "metadata.uid", DELETE), "metadata.generation", DELETE)
+    expected = put(put(expected, "spec.lease.heartbeat", True), "spec.lease.durationSeconds", 60)
     assert parse_guarded_cronjob(defaulted) == parse_guarded_cronjob(expected)
 
 

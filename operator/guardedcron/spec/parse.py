@@ -368,8 +368,8 @@ def _read_lease(r: _Reader, lease: Mapping[str, Any], namespace: str, gcj_name: 
     if (heartbeat is False and duration is not None and active_deadline is not None
             and duration <= active_deadline):
         r.problem("spec.lease.durationSeconds",
-                  f"must exceed spec.activeDeadlineSeconds ({active_deadline}) unless "
-                  f"spec.lease.heartbeat is true, not {duration}: the lease would run out "
+                  f"must exceed spec.activeDeadlineSeconds ({active_deadline}) when "
+                  f"spec.lease.heartbeat is false, not {duration}: the lease would run out "
                   "while the job may still be running")
 
     if (ref is None or lock is None or duration is None or min_hold is None
