@@ -98,7 +98,7 @@ def test_acquire_lose_renew_release_through_the_pooler(pooled: str, dsn: str) ->
     won = acquire(pooled, "a", "30", "--slot", "7")
     assert won.code == 0, won.stderr
     assert (won.json["acquired"], won.json["fence"]) == (True, 1)
-    lost = acquire(pooled, "b", "30", "--slot", "7")
+    lost = acquire(pooled, "b", "30", "--slot", "8")  # another slot: its own claim is free
     assert lost.code == 75, lost.stderr
     assert (lost.json["reason"], lost.json["holder"]) == ("lease-held", "a")
     renew = ["renew", "--lock", LOCK, "--fence", "1", "--lease-seconds", "30"]
