@@ -84,6 +84,14 @@ ANNOTATION_MANUAL: Final = f"{API_GROUP}/manual"  # on Jobs made by `guardedcron
 # the slot like a scheduled run's would.
 ANNOTATION_BACKFILL: Final = f"{API_GROUP}/backfill"
 ANNOTATION_RUN_KIND: Final = f"{API_GROUP}/run-kind"
+# Days the guard keeps run history and slot claims (its `--retain-days` default; the
+# builders never pass the flag, so every guard keeps claims this long). A past slot whose
+# claim is gone would run a second time, so catch-up and backfill start only slots newer
+# than now - (SLOT_CLAIM_RETAIN_DAYS - SLOT_CLAIM_MARGIN_DAYS) days. The margin covers
+# the operator's clock ahead of the database's and a winner's retention batch deleting
+# claims at that very moment.
+SLOT_CLAIM_RETAIN_DAYS: Final = 90
+SLOT_CLAIM_MARGIN_DAYS: Final = 1
 RUN_KIND_CATCH_UP: Final = "catch-up"
 RUN_KIND_BACKFILL: Final = "backfill"
 # A wall time the clock skipped (spec.dstPolicy.skippedTime RunAtNextMinute): its Job's
@@ -128,6 +136,10 @@ ENV_POD_NAME: Final = "GUARDEDCRON_POD_NAME"
 ENV_POD_NAMESPACE: Final = "GUARDEDCRON_POD_NAMESPACE"
 ENV_JOB_NAME: Final = "GUARDEDCRON_JOB_NAME"
 ENV_TERMINATION_LOG: Final = "GUARDEDCRON_TERMINATION_LOG"  # overrides TERMINATION_LOG (tests)
+# The keeper's check-in URL (spec.checkIn, docs/design.md "Check-in pings"): a secret, so
+# only ever in the environment (from a Secret), never in args, logs or messages.
+ENV_CHECK_IN_URL: Final = "GUARDEDCRON_CHECK_IN_URL"
+KEEPER_CHECK_IN_FLAG: Final = "--check-in"
 
 # --- the run context (issue 14; docs/design.md, "Run context"): what a run's workload can
 # read without parsing Job names. In lease.json always (keys below); as environment

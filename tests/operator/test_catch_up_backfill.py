@@ -131,6 +131,29 @@ async def test_a_backfill_starts_with_its_oldest_slot_and_stops_when_the_annotat
     assert stopped["type"] == "Warning"
 
 
+async def test_a_backfill_older_than_the_guard_keeps_slot_claims_is_refused_with_an_event(
+        api: GuardedEmulator, client: KubeClient) -> None:
+    """The guard deletes claims older than its --retain-days (90): a slot run 100 days ago
+    has no claim left, so a backfill of it would run it a second time."""
+    await created_at(client, every_ten_minutes())
+    now = datetime.now(UTC)
+    since = tens(now) - timedelta(days=100)
+    value = f"b1:{format_time(since)}/{format_time(since + timedelta(minutes=30))}"
+    await client.merge_patch(GUARDED_CRONJOBS, NS, NAME,
+                             {"metadata": {"annotations": {contract.ANNOTATION_BACKFILL: value}}})
+    memory = PassMemory()
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+
+    assert jobs(api) == []
+    backfill = status(api)["backfill"]
+    assert backfill["token"] == "b1" and backfill["state"] == "Invalid", backfill
+    assert "the guard keeps slot claims 90 days (its --retain-days)" in backfill["message"]
+    (refused,) = events(api, "BackfillRefused")
+    assert refused["type"] == "Warning" and refused["message"] == backfill["message"]
+    await full_pass(client, NS, NAME, now=now, memory=memory)
+    assert len(events(api, "BackfillRefused")) == 1 and jobs(api) == []  # once per token
+
+
 async def test_failed_runs_in_a_row_suspend_the_cronjob_and_a_resume_token_resumes_it(
         api: GuardedEmulator, client: KubeClient) -> None:
     created = await created_at(client, every_ten_minutes(suspendAfterFailures=2))

@@ -235,7 +235,7 @@ async def main():
                                  + [k for s in live(Store) for k in s._Store__items]),
              # a series and its value, set by the first pass and left alone by the later ones
              "metric series": where(part for c in live(OperatorContext)
-                                    for child in c.metrics.schedule_period._metrics.values()
+                                    for child in c.metrics.next_slot._metrics.values()
                                     for part in (child._kwargs, child._value._value))}
     stop.set()
     await operator

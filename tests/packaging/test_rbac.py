@@ -21,7 +21,8 @@ ALWAYS = grants(
     ("guardedcron.io", "guardedcronjobs/status", "get patch update"),
     # delete: a CronJob whose runs would take a lock its namespace may no longer use
     ("batch", "cronjobs", "get list watch create patch delete"),
-    ("batch", "jobs", "get list watch create"),
+    # delete: a skipped run's Job, once status records the skip
+    ("batch", "jobs", "get list watch create delete"),
     ("", "pods", "get list watch"),
     ("", "events", "create patch"),
     ("events.k8s.io", "events", "create patch"),
@@ -104,7 +105,7 @@ def test_no_wildcards_and_no_secret_access_beyond_get(name: str) -> None:
             if resource == "secrets":
                 assert verb == "get"
                 assert VALUE_SETS[name].get("outcomeRecording", {}).get("enabled")
-            if verb == "delete" and resource != "cronjobs":  # else only pods, when asked for
+            if verb == "delete" and resource not in ("cronjobs", "jobs"):  # else only pods, when asked for
                 assert resource == "pods"
                 assert VALUE_SETS[name].get("stopWorkload", {}).get("enabled")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ import promql_parser
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from guardedcron.observability.metrics import create_metrics
+from guardedcron.observability.metrics import create_metrics, record_changes
+from guardedcron.spec import parse_guarded_cronjob
+from guardedcron.status import compute_status
 
 # promtool checks and rule tests take well under a second.
 PROMTOOL_TIMEOUT_S = 60
@@ -117,3 +120,27 @@ def exported_series() -> dict[str, set[str]]:
             exported[f"{metric._name}_sum"] = labels
             exported[f"{metric._name}_count"] = labels
     return exported
+
+
+# The gauges the schedule-aware alerts read, as the operator exports them.
+DEADLINE_GAUGES = (
+    "guardedcron_last_success_timestamp_seconds",
+    "guardedcron_next_slot_timestamp_seconds",
+    "guardedcron_next_slot_start_deadline_timestamp_seconds",
+    "guardedcron_success_overdue_timestamp_seconds",
+)
+
+
+def exported_gauges(gcj: Mapping[str, Any], previous_status: Mapping[str, Any] | None, now: datetime,
+                    *, no_success_slots: int) -> dict[str, float]:
+    """What one real pass over `gcj` (no CronJob, no Jobs; the runs' times in
+    `previous_status`) makes the operator's /metrics show for it: DEADLINE_GAUGES by
+    name, a gauge without a series left out."""
+    change = compute_status(gcj=gcj, parsed=parse_guarded_cronjob(dict(gcj)), cronjob=None, jobs=[],
+                            pods_by_job={}, previous_status=previous_status, now=now,
+                            no_success_slots=no_success_slots)
+    metrics = create_metrics(CollectorRegistry())
+    labels = {"namespace": gcj["metadata"]["namespace"], "name": gcj["metadata"]["name"]}
+    record_changes(metrics, **labels, changes=change.metrics)
+    found = {name: metrics.registry.get_sample_value(name, labels) for name in DEADLINE_GAUGES}
+    return {name: value for name, value in found.items() if value is not None}

@@ -223,6 +223,39 @@ def test_keeper_is_a_native_sidecar_after_the_guard() -> None:
     assert keeper == expected_keeper
 
 
+CHECK_IN_ENV = {"name": "GUARDEDCRON_CHECK_IN_URL", "valueFrom": {"secretKeyRef": {
+    "name": "pings", "key": "hc", "optional": True}}}
+
+
+def with_keeper(obj: dict[str, Any]) -> dict[str, Any]:
+    return put(put(obj, "spec.lease.heartbeat", True), "spec.lease.durationSeconds", 60)
+
+
+def test_a_check_in_reaches_the_keeper_by_secret_env_never_args() -> None:
+    obj = put(with_keeper(base_gcj()), "spec.checkIn", {"urlSecretRef": {"name": "pings", "key": "hc"}})
+    guard, keeper = get(build(obj), POD)["initContainers"]
+    assert keeper["args"][-1] == "--check-in"
+    assert keeper["env"][-1] == CHECK_IN_ENV
+    assert "GUARDEDCRON_CHECK_IN_URL" not in {e["name"] for e in guard["env"]}  # the guard never pings
+    plain = get(build(with_keeper(base_gcj())), POD)["initContainers"][1]
+    assert keeper["args"][:-1] == plain["args"] and keeper["env"][:-1] == plain["env"]
+
+
+def test_the_operators_default_check_in_applies_only_where_the_spec_names_none() -> None:
+    settings = settings_from_env({"GUARDEDCRON_CHECK_IN_SECRET_NAME": "pings",
+                                  "GUARDEDCRON_CHECK_IN_SECRET_KEY": "hc"})
+    obj = with_keeper(base_gcj())
+    before = copy.deepcopy(obj)
+    keeper = get(build(obj, settings), POD)["initContainers"][1]
+    assert obj == before  # the spec is never changed
+    assert keeper["env"][-1] == CHECK_IN_ENV and "--check-in" in keeper["args"]
+    own = put(obj, "spec.checkIn", {"urlSecretRef": {"name": "own", "key": "url"}})
+    keeper = get(build(own, settings), POD)["initContainers"][1]
+    assert keeper["env"][-1]["valueFrom"]["secretKeyRef"] == {"name": "own", "key": "url", "optional": True}
+    # without a keeper nothing pings: the default adds nothing
+    assert names(get(build(base_gcj(), settings), POD)["initContainers"]) == ["guardedcron-guard"]
+
+
 def test_no_keeper_without_heartbeat() -> None:
     pod = get(build(base_gcj()), POD)
     assert names(pod["initContainers"]) == ["guardedcron-guard"]

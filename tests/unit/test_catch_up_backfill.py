@@ -8,14 +8,23 @@ it has no run) 11 minutes after it.
 
 from __future__ import annotations
 
+import argparse
+import json
+import re
+import socket
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from guardedcron import contract
 from guardedcron.builders.manual import build_slot_job
+from guardedcron.cli import guard_commands
+from guardedcron.cli.main import main
 from guardedcron.spec import ParsedSpec, SpecError, parse_guarded_cronjob
+from guardedcron.spec.parse import MAX_CATCH_UP_WINDOW_SECONDS
 from guardedcron.status import Outcome, RunRecord, classify_run
 from guardedcron.status.backfill import (
     COMPLETED,
@@ -24,12 +33,14 @@ from guardedcron.status.backfill import (
     STOPPED,
     BackfillRequestError,
     advance_backfill,
+    oldest_backfill_slot,
     parse_backfill,
     started,
 )
 from guardedcron.status.catchup import plan_catch_up
 from guardedcron.status.runs import SLOT_CLAIMED_WORDS, is_manual, scheduled_slot
-from guardedcron.status.times import epoch_minute, format_time
+from guardedcron.status.times import epoch_minute, format_time, parse_time
+from tests.support import REPO
 from tests.support.gcj import DEFAULT_SETTINGS, base_gcj, put
 
 NOW = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC)
@@ -337,3 +348,113 @@ def test_the_guard_of_a_slot_job_is_told_its_run_kind() -> None:
     [guard] = [c for c in job["spec"]["template"]["spec"]["initContainers"]
                if c["name"] == contract.GUARD_CONTAINER]
     assert guard["args"][-2:] == [contract.GUARD_RUN_KIND_FLAG, contract.RUN_KIND_BACKFILL]
+
+
+# --- the guard's claim retention bounds backfill and catch-up (issue 36) -------------------
+# The guard deletes slot claims older than its --retain-days (90); a slot whose claim is gone
+# would run a second time. Backfill refuses such slots; catch-up's window stays far inside.
+
+OLDEST = datetime(2026, 9, 3, 12, 1, tzinfo=UTC)  # NOW - 89 days (12:00:30), up to the minute
+RETENTION_WORDS = "the guard keeps slot claims 90 days (its --retain-days)"
+
+
+def test_a_backfill_since_older_than_the_guard_keeps_slot_claims_is_refused_naming_the_bound() -> None:
+    assert oldest_backfill_slot(NOW) == OLDEST
+    until = format_time(OLDEST + timedelta(hours=1))
+    assert parse_backfill(f"b1:{format_time(OLDEST)}/{until}", now=NOW).since == OLDEST
+    with pytest.raises(BackfillRequestError) as refused:
+        parse_backfill(f"b1:{format_time(OLDEST - timedelta(minutes=1))}/{until}", now=NOW)
+    assert RETENTION_WORDS in str(refused.value)
+    assert f"older than {format_time(OLDEST)}, the oldest slot a backfill may run" in str(refused.value)
+
+
+def test_a_backfill_annotation_past_the_claims_retention_is_recorded_invalid_and_starts_nothing() -> None:
+    since = NOW - timedelta(days=100)  # its slots ran 100 days ago; their claims are gone
+    annotation = f"b1:{format_time(since)}/{format_time(since + timedelta(minutes=30))}"
+    result = step(parsed(), annotation, None, [])
+    assert result.start is None and result.status["state"] == INVALID
+    assert RETENTION_WORDS in result.status["message"] and format_time(OLDEST) in result.status["message"]
+    assert result.notes == (("BackfillRefused", result.status["message"]),)
+    assert step(parsed(), annotation, result.status, []).notes == ()  # once per token
+
+
+def test_a_backfill_whose_next_slot_ages_past_the_claims_retention_stops_there() -> None:
+    """A range inside the bound when it started can outlive it when its runs are slow."""
+    spec = parsed()
+    annotation = f"b1:{format_time(OLDEST)}/{format_time(OLDEST + timedelta(minutes=40))}"
+    first = step(spec, annotation, None, [])
+    assert first.start == OLDEST.replace(minute=10)
+    runs = [ran(OLDEST.replace(minute=10), kind=contract.RUN_KIND_BACKFILL)]
+    a_day_later = advance_backfill(spec, annotation=annotation, previous=first.status, runs=runs,
+                                   busy=False, suspended=False, now=NOW + timedelta(days=1))
+    assert a_day_later.start is None and a_day_later.status["state"] == STOPPED
+    assert a_day_later.status["done"] == 1
+    assert RETENTION_WORDS in a_day_later.status["message"]
+    assert a_day_later.notes[-1][0] == "BackfillStopped"
+
+
+def crd_catch_up_window_maximum() -> int:
+    crd = yaml.safe_load((REPO / "crds" / "guardedcronjobs.guardedcron.io.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == contract.API_VERSION]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    maximum: int = spec["properties"]["catchUp"]["properties"]["windowSeconds"]["maximum"]
+    return maximum
+
+
+def test_the_catch_up_window_can_never_reach_past_the_slot_claims_backfill_may_rely_on() -> None:
+    """Catch-up makes up slots at most windowSeconds old: a window raised past the
+    backfill bound would make up slots whose claims the guard may have deleted."""
+    bound = timedelta(days=contract.SLOT_CLAIM_RETAIN_DAYS - contract.SLOT_CLAIM_MARGIN_DAYS)
+    assert timedelta(seconds=crd_catch_up_window_maximum()) <= bound
+    assert timedelta(seconds=MAX_CATCH_UP_WINDOW_SECONDS) <= bound
+    oldest_due = NOW - timedelta(seconds=MAX_CATCH_UP_WINDOW_SECONDS)
+    assert oldest_due >= oldest_backfill_slot(NOW)
+
+
+def test_every_guard_keeps_slot_claims_the_days_the_operator_relies_on() -> None:
+    """The builders never pass --retain-days, so the guard's default is the retention."""
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers()
+    guard_commands.add_parser(commands, "acquire", "acquire")
+    assert commands.choices["acquire"].get_default("retain_days") == str(contract.SLOT_CLAIM_RETAIN_DAYS)
+    slot = epoch_minute(at("11:40"))
+    slot_job = build_slot_job(cronjob(), slot=slot, scheduled_at=format_time(at("11:40")),
+                              run_kind=contract.RUN_KIND_BACKFILL, attempt=1)
+    for pod in (cronjob()["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+                slot_job["spec"]["template"]["spec"]):
+        for container in [*pod.get("initContainers", ()), *pod["containers"]]:
+            assert not any(str(arg).startswith("--retain-days") for arg in container.get("args") or ())
+
+
+@pytest.fixture
+def closed_kubeconfig(tmp_path: Path) -> Path:
+    """A cluster nobody listens on: any request would exit 69, not 64."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    return path
+
+
+@pytest.mark.parametrize("dry_run", [(), ("--dry-run",)], ids=["set", "dry-run"])
+def test_the_cli_refuses_a_since_past_the_claims_retention_before_any_request(
+        closed_kubeconfig: Path, capsys: pytest.CaptureFixture[str], dry_run: tuple[str, ...]) -> None:
+    since = datetime.now(UTC) - timedelta(days=100)
+    before = oldest_backfill_slot(datetime.now(UTC))
+    code = main(["backfill", "nightly-invoices", "-n", "billing", "--kubeconfig", str(closed_kubeconfig),
+                 "--since", format_time(since), "--until", format_time(since + timedelta(hours=1)),
+                 *dry_run])
+    after = oldest_backfill_slot(datetime.now(UTC))
+    out, err = capsys.readouterr()
+    assert code == contract.EXIT_USAGE, err
+    assert out == "" and RETENTION_WORDS in err
+    named = re.search(r"older than (\S+), the oldest slot a backfill may run", err)
+    assert named is not None, err
+    oldest = parse_time(named.group(1))
+    assert oldest is not None and before <= oldest <= after

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from guardedcron.cli.cluster_options import name_problems
 from guardedcron.objects import is_dns_label, is_dns_subdomain
 from guardedcron.spec import SpecError, parse_guarded_cronjob
+from guardedcron.status.times import format_time
 from tests.support.gcj import base_gcj
 
 BIN = Path(sys.executable).parent
@@ -65,10 +67,12 @@ def closed_kubeconfig(tmp_path: Path) -> Path:
     return path
 
 
+# A backfill range of yesterday: inside the age a backfill may reach (the guard's claims).
+YESTERDAY = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(days=1)
 COMMANDS = {
     "trigger": ["guardedcron", "trigger"],
-    "backfill": ["guardedcron", "backfill", "--since", "2026-01-01T00:00:00Z",
-                 "--until", "2026-01-01T01:00:00Z"],
+    "backfill": ["guardedcron", "backfill", "--since", format_time(YESTERDAY),
+                 "--until", format_time(YESTERDAY + timedelta(hours=1))],
     "kubectl gcj runs": ["kubectl-gcj", "runs"],
 }
 

@@ -412,6 +412,11 @@ REFUSED: list[Any] = [
     ("dst-skipped-time-without-time-zone", [drop("spec.timeZone"),
                                             put("spec.dstPolicy", {"skippedTime": "RunAtNextMinute"})],
      ("cel", ".spec.dstPolicy", "dstPolicy needs timeZone")),
+    ("check-in-without-keeper", [put("spec.lease.heartbeat", False), put("spec.lease.durationSeconds", 3900),
+                                 put("spec.checkIn", {"urlSecretRef": {"name": "hc"}})],
+     ("cel", ".spec.checkIn", "checkIn needs lease.heartbeat true")),
+    ("check-in-secret-name-upper-case", [put("spec.checkIn", {"urlSecretRef": {"name": "HC"}})],
+     ("schema", ".spec.checkIn.urlSecretRef.name", "does not match")),
     ("run-context-env-not-bool", [put("spec.runContext", {"env": "yes"})],
      ("schema", ".spec.runContext.env", "'yes' is not of type 'boolean'")),
     # refused by the OpenAPI schema itself

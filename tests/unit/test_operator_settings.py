@@ -114,3 +114,16 @@ def test_namespace_names_are_dns_labels_only() -> None:
     assert read_settings({"GUARDEDCRON_NAMESPACES": "0,a-1"}).namespaces == ("0", "a-1")
     with pytest.raises(SettingsError):
         read_settings({"GUARDEDCRON_NAMESPACES": "café"})
+
+
+# --- the schedule-aware alerts' slot count (issue 36) -------------------------------------
+@pytest.mark.parametrize(("text", "slots"), [("", 2), ("1", 1), (" 5 ", 5), ("1000", 1000)])
+def test_the_no_success_slot_count_is_read(text: str, slots: int) -> None:
+    assert read_settings({"GUARDEDCRON_NO_SUCCESS_SLOTS": text}).no_success_slots == slots
+
+
+@pytest.mark.parametrize("text", ["0", "1001", "-1", "2.5", "two"])
+def test_a_bad_no_success_slot_count_is_refused(text: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        read_settings({"GUARDEDCRON_NO_SUCCESS_SLOTS": text})
+    assert [p.field_path for p in caught.value.problems] == ["GUARDEDCRON_NO_SUCCESS_SLOTS"]

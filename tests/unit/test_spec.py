@@ -250,7 +250,36 @@ INVALID: list[Any] = [
                  "must be guardedcron.io/v1alpha1", id="api-version"),
     pytest.param({"kind": "CronJob"}, "kind", "must be GuardedCronJob", id="kind"),
     pytest.param({"spec": DELETE}, "spec", "required", id="spec-missing"),
+    # issue 36: the keeper sends the check-in pings, so no check-in without it
+    pytest.param({"spec.checkIn": {"urlSecretRef": {"name": "pings", "key": "url"}}},
+                 "spec.checkIn", "needs spec.lease.heartbeat true", id="check-in-without-heartbeat"),
+    pytest.param({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 60,
+                  "spec.checkIn": {"urlSecretRef": {"name": "Pings", "key": "url"}}},
+                 "spec.checkIn.urlSecretRef.name", "not a valid Secret name",
+                 id="check-in-secret-name"),
+    pytest.param({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 60,
+                  "spec.checkIn": {"urlSecretRef": {"name": "pings", "key": "a/b"}}},
+                 "spec.checkIn.urlSecretRef.key", "not a valid Secret key",
+                 id="check-in-secret-key"),
+    pytest.param({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 60,
+                  "spec.checkIn": {}},
+                 "spec.checkIn.urlSecretRef", "required", id="check-in-without-secret"),
 ]
+
+
+def test_a_check_in_is_typed() -> None:
+    parsed = parse_with({"spec.lease.heartbeat": True, "spec.lease.durationSeconds": 60,
+                         "spec.checkIn": {"urlSecretRef": {"name": "pings", "key": "hc"}}})
+    assert parsed.spec.check_in == SecretKeyRef(name="pings", key="hc")
+    assert parse_with({}).spec.check_in is None
+
+
+def test_real_crd_defaults_the_check_in_key() -> None:
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    obj = put(put(put(base_gcj(), "spec.lease.heartbeat", True), "spec.lease.durationSeconds", 60),
+              "spec.checkIn", {"urlSecretRef": {"name": "pings"}})
+    parsed = parse_guarded_cronjob(apply_schema_defaults(obj, crd))
+    assert parsed.spec.check_in == SecretKeyRef(name="pings", key="url")
 
 
 @pytest.mark.parametrize(("changes", "path", "words"), INVALID)
@@ -411,6 +440,20 @@ def test_bad_setting_names_its_variable(name: str, value: str, words: str) -> No
         settings_from_env({name: value})
     assert [p.field_path for p in caught.value.problems] == [name]
     assert words in caught.value.problems[0].message
+
+
+def test_the_default_check_in_secret_is_read_from_the_environment() -> None:
+    assert settings_from_env({}).check_in_secret is None
+    assert settings_from_env({"GUARDEDCRON_CHECK_IN_SECRET_NAME": "pings"}).check_in_secret == \
+        SecretKeyRef(name="pings", key="url")
+    assert settings_from_env({"GUARDEDCRON_CHECK_IN_SECRET_NAME": "pings",
+                              "GUARDEDCRON_CHECK_IN_SECRET_KEY": "hc"}).check_in_secret == \
+        SecretKeyRef(name="pings", key="hc")
+    for name, value in (("GUARDEDCRON_CHECK_IN_SECRET_NAME", "Pings"),
+                        ("GUARDEDCRON_CHECK_IN_SECRET_KEY", "a/b")):
+        with pytest.raises(SettingsError) as caught:
+            settings_from_env({"GUARDEDCRON_CHECK_IN_SECRET_NAME": "pings", name: value})
+        assert [p.field_path for p in caught.value.problems] == [name]
 
 
 def test_every_bad_setting_is_reported() -> None:

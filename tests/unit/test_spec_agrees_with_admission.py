@@ -216,6 +216,9 @@ CEL_CASES = [
     pytest.param({"spec.lease.name": "a\x00b"}, id="lease-name-nul"),
     pytest.param({"spec.lease.name": "x", "spec.lease.sharedLock": "y"}, id="name-and-shared-lock"),
     pytest.param({"spec.lease.sharedLock": "Ledger"}, id="shared-lock-upper-case"),
+    # issue 36: the keeper sends the check-in pings
+    pytest.param({"spec.checkIn": {"urlSecretRef": {"name": "pings", "key": "url"}}},
+                 id="check-in-without-heartbeat"),
 ]
 
 

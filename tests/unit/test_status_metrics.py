@@ -99,7 +99,13 @@ async def test_metrics_follow_transitions_and_ignore_resyncs(served: tuple[Metri
     assert value(samples, "guardedcron_overlaps_total", **LABELS) is None
     success_end = slot(10) + timedelta(minutes=10)
     assert value(samples, "guardedcron_last_success_timestamp_seconds", **LABELS) == success_end.timestamp()
-    assert value(samples, "guardedcron_schedule_period_seconds", **LABELS) == 86400
+    # 13 May's slot (00:30Z) never started: the next slot stays it, past its start deadline
+    # (11 minutes on); 11 and 12 May passed without a success (each had until the next
+    # slot's start deadline), so the success is overdue at 13 May's start deadline.
+    assert value(samples, "guardedcron_next_slot_timestamp_seconds", **LABELS) == slot(13).timestamp()
+    deadline = (slot(13) + timedelta(minutes=11)).timestamp()
+    assert value(samples, "guardedcron_next_slot_start_deadline_timestamp_seconds", **LABELS) == deadline
+    assert value(samples, "guardedcron_success_overdue_timestamp_seconds", **LABELS) == deadline
     # The successful run lasted from the lease won (guard exit, 4 s in) to the Job's end.
     duration = "guardedcron_run_duration_seconds"
     assert value(samples, f"{duration}_count", **LABELS, outcome="succeeded") == 1
@@ -122,6 +128,25 @@ async def test_overlap_and_reconcile_errors(served: tuple[Metrics, str], runs: R
     assert value(samples, "guardedcron_overlaps_total", **LABELS) == 1
     assert value(samples, "guardedcron_reconcile_errors_total", **LABELS) == 1
     assert value(samples, "guardedcron_reconcile_duration_seconds_count") == 3
+
+
+DEADLINES = ("guardedcron_next_slot_timestamp_seconds",
+             "guardedcron_next_slot_start_deadline_timestamp_seconds",
+             "guardedcron_success_overdue_timestamp_seconds")
+
+
+async def test_a_suspended_guardedcronjob_has_no_deadlines(served: tuple[Metrics, str], runs: Runs) -> None:
+    metrics, url = served
+    op = Operator(metrics)
+    op.step([runs.succeeded(slot(10), 1)], minutes=15)
+    running = await scrape(url)
+    assert all(value(running, name, **LABELS) is not None for name in DEADLINES)
+    change = compute_change([runs.succeeded(slot(10), 1)], op.status, op.now + timedelta(minutes=1),
+                            gcj=the_gcj(created=slot(10) - timedelta(minutes=1), suspend=True))
+    record_changes(metrics, **LABELS, changes=change.metrics)
+    samples = await scrape(url)
+    assert all(value(samples, name, **LABELS) is None for name in DEADLINES)
+    assert value(samples, "guardedcron_last_success_timestamp_seconds", **LABELS) is not None
 
 
 async def test_a_deleted_guardedcronjob_stops_being_exported(served: tuple[Metrics, str], runs: Runs) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from guardedcron.spec import ParsedSpec, parse_guarded_cronjob
-from guardedcron.status import MissedRun, Outcome, RunRecord, find_missed_run, schedule_period_seconds
+from guardedcron.status import MissedRun, Outcome, RunRecord, find_missed_run
 from tests.support import status_objects as k
 from tests.support.gcj import DELETE, base_gcj, put
 
@@ -168,19 +168,6 @@ def test_tolerance_and_starting_deadline_both_delay_the_verdict() -> None:
     got = find_missed_run(spec, jobs=[], last_schedule_time=None, created_at=LONG_AGO,
                           now=slot + timedelta(seconds=3900))
     assert got is not None and got.scheduled_at == slot
-
-
-@pytest.mark.parametrize(("schedule", "zone", "now", "period"), [
-    ("30 2 * * *", "Europe/Stockholm", "2025-06-02T12:00:00", 86400.0),
-    # 30 March has no 02:30 at all: 29 March 01:30Z to 31 March 00:30Z.
-    ("30 2 * * *", "Europe/Stockholm", "2025-03-31T12:00:00", 2 * 86400.0 - 3600),
-    # 26 October has two, an hour apart.
-    ("30 2 * * *", "Europe/Stockholm", "2025-10-26T12:00:00", 3600.0),
-    ("*/15 * * * *", None, "2025-06-02T12:07:00", 900.0),
-    ("0 9 * * 1-5", "Asia/Tokyo", "2025-06-02T12:00:00", 3 * 86400.0),  # Friday to Monday
-])
-def test_schedule_period(schedule: str, zone: str | None, now: str, period: float) -> None:
-    assert schedule_period_seconds(parsed(schedule, zone), z(now)) == period
 
 
 def skip(slot: datetime, reason: str) -> RunRecord:

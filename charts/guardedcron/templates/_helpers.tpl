@@ -75,10 +75,11 @@ Called with (dict "root" $ "clusterWide" bool).
 - apiGroups: ["batch"]
   resources: ["cronjobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Jobs: read back run status; create for manual runs (guardedcron.io/trigger).
+# Jobs: read back run status; create for manual runs (guardedcron.io/trigger); delete a
+# skipped run's Job once status records it (so it is not left as a Failed Job).
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # Pods: read the guard's exit code and termination message.
 - apiGroups: [""]
   resources: ["pods"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from guardedcron import contract
 from guardedcron.objects import get_path
-from guardedcron.spec import OperatorSettings, ParsedSpec
+from guardedcron.spec import OperatorSettings, ParsedSpec, SecretKeyRef
 
 # Composed in the pod from the downward API, so each pod holds the lease under its own name.
 ENV_HOLDER = "GUARDEDCRON_HOLDER"
@@ -105,6 +105,10 @@ def build_keeper_container(parsed: ParsedSpec, settings: OperatorSettings) -> di
         "--out", contract.RUN_DIR,
     ]
     env = [*_identity_env(settings, with_job_name=False), _dsn_env(parsed)]
+    check_in = parsed.spec.check_in or settings.check_in_secret
+    if check_in is not None:
+        args.append(contract.KEEPER_CHECK_IN_FLAG)
+        env.append(_check_in_env(check_in))
     container = _injected_container(contract.KEEPER_CONTAINER, args, env, settings)
     container["restartPolicy"] = "Always"
     container["startupProbe"] = build_keeper_startup_probe()
@@ -201,6 +205,15 @@ def _dsn_env(parsed: ParsedSpec) -> dict[str, Any]:
     ref = parsed.spec.lease.database_secret_ref
     return {"name": contract.ENV_DSN,
             "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def _check_in_env(ref: SecretKeyRef) -> dict[str, Any]:
+    # The URL carries the check's key: env from the Secret, never args. Optional, so that a
+    # missing Secret costs the pings (the keeper says so; the external service pages for
+    # the missed ones) and never the run: the keeper starts after the lease is won, and a
+    # keeper that cannot start would leave the lease held until it ran out.
+    return {"name": contract.ENV_CHECK_IN_URL,
+            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key, "optional": True}}}
 
 
 def _resources(settings: OperatorSettings) -> dict[str, Any]:

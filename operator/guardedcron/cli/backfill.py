@@ -11,6 +11,10 @@ token defaults to a new random one.
 `--dry-run` changes nothing: it reads the GuardedCronJob and prints the slots the range
 holds, marking those status already shows a run for.
 
+`--since` may be at most 89 days ago (`status.backfill.oldest_backfill_slot`): the guard
+keeps slot claims 90 days (`contract.SLOT_CLAIM_RETAIN_DAYS`, its `--retain-days`), and
+a slot whose claim is gone would run again. An older `since` exits 64, with --dry-run too.
+
 Answer: one JSON line on stdout. Exit 0 when the annotation was set (or, with
 --dry-run, the slots listed); 1 when the API server refused or the GuardedCronJob is
 missing; 64 bad input (nothing changed); 69 the API server could not be reached.
@@ -60,7 +64,10 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
                "status.backfill. Removing the annotation stops it.")
     parser.add_argument("name", metavar="NAME", help="the GuardedCronJob")
     parser.add_argument("--since", required=True, metavar="TIME",
-                        help="RFC 3339 time with an offset; slots at or after it")
+                        help="RFC 3339 time with an offset; slots at or after it. At most "
+                             f"{contract.SLOT_CLAIM_RETAIN_DAYS - contract.SLOT_CLAIM_MARGIN_DAYS} days ago: "
+                             f"the guard keeps slot claims {contract.SLOT_CLAIM_RETAIN_DAYS} days "
+                             "(--retain-days), and an older slot could run twice")
     parser.add_argument("--until", required=True, metavar="TIME",
                         help="RFC 3339 time with an offset, not in the future; slots before it")
     parser.add_argument("--token", help="names this backfill (one backfill per token; default: random)")

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 from guardedcron.contract import (
     ACQUIRE_CALL_SECONDS,
     BIGINT_MAX,
+    ENV_CHECK_IN_URL,
     EXIT_NOT_ACQUIRED,
     EXIT_OK,
     HOLDER_CALL_SECONDS,
+    KEEPER_CHECK_IN_FLAG,
     KEY_ACQUIRED,
     KEY_EXIT_CODE,
     KEY_FENCE,
@@ -45,6 +47,7 @@ from guardedcron.contract import (
     RUN_KIND_BACKFILL,
     RUN_KIND_CATCH_UP,
     RUN_KIND_SKIPPED_TIME,
+    SLOT_CLAIM_RETAIN_DAYS,
     AcquireReason,
     GuardOutcome,
     ReleaseOutcome,
@@ -56,6 +59,7 @@ from guardedcron.guard.errors import BadInput, GuardError
 from guardedcron.guard.redaction import looks_like_dsn, redact
 
 if TYPE_CHECKING:
+    from guardedcron.guard.check_in import CheckIn
     from guardedcron.guard.outputs import RunContext
 
 # libpq's connect_timeout: longer than this is a hang, not a wait for a slow network.
@@ -96,7 +100,8 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
             f"{RUN_KIND_SKIPPED_TIME}: --slot is a skipped wall time's key (needs --time-zone)",
         )
         parser.add_argument("--out", type=folder, help="folder for the fence and lease.json files")
-        parser.add_argument("--retain-days", default="90", help="run history kept, days")
+        parser.add_argument("--retain-days", default=str(SLOT_CLAIM_RETAIN_DAYS),
+                            help="run history and slot claims kept, days (backfills rely on the default)")
         parser.add_argument("--retain-runs", default="10000", help="run history kept, winning runs per lock")
         parser.set_defaults(run=run_acquire)
     elif name == "renew":
@@ -129,6 +134,12 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
             choices=["exit", "wait"],
             default="exit",
             help="when the lease is lost: exit 76 at once (default) or wait for SIGTERM",
+        )
+        parser.add_argument(
+            KEEPER_CHECK_IN_FLAG,
+            action="store_true",
+            help=f"ping the check-in URL in ${ENV_CHECK_IN_URL} (start, finish, fail; "
+            "never in the arguments: it is a secret)",
         )
         parser.set_defaults(run=run_keep)
     add_connection_options(parser)
@@ -513,7 +524,7 @@ def run_keep(args: argparse.Namespace) -> int:
     except GuardError as exc:
         say("keep", str(exc))
         return exc.exit_code
-    keeper = Keeper(request, connect, lambda message: say("keep", message))
+    keeper = Keeper(request, connect, lambda message: say("keep", message), _check_in(args))
     keeper.install_signal_handlers()
     if args.out is not None:
         # Only now may the workload start (the startupProbe waits for this file): a
@@ -526,7 +537,31 @@ def run_keep(args: argparse.Namespace) -> int:
             keeper.wait_for_stop()
             return EXIT_OK
     say("keep", f"keeping lock {args.lock} (fence {fence}), renewing every {keeper.interval:g} s")
+    keeper.ping_start()
     return keeper.run()
+
+
+def _check_in(args: argparse.Namespace) -> CheckIn | None:
+    """The keeper's check-in, or None. A URL that is missing or cannot be pinged is one
+    line and no pings, never a failed keeper: the run goes on, and the external service
+    pages for the pings it misses."""
+    if not args.check_in:
+        return None
+    from guardedcron.guard.check_in import CheckIn, CheckInRefused
+
+    def log(message: str) -> None:
+        say("keep", message)
+
+    url = os.environ.get(ENV_CHECK_IN_URL, "").strip()
+    if not url:
+        log(f"{KEEPER_CHECK_IN_FLAG}: ${ENV_CHECK_IN_URL} is empty (the Secret or its key is "
+            "missing?); no check-in pings")
+        return None
+    try:
+        return CheckIn(url, log)
+    except CheckInRefused as exc:
+        log(f"{KEEPER_CHECK_IN_FLAG}: {exc}; no check-in pings")
+        return None
 
 
 def lease_seconds(args: argparse.Namespace) -> float:

@@ -47,6 +47,7 @@ from guardedcron.contract import (
     KeeperOutcome,
     ReleaseOutcome,
 )
+from guardedcron.guard import check_in as pings
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.connection import call_with_deadline, scrub
 from guardedcron.guard.errors import NotPermitted, SchemaOutdated
@@ -135,8 +136,12 @@ class Keeper:
         request: KeepRequest,
         connect: Callable[[str, float], Connection],
         log: Callable[[str], None],
+        check_in: pings.CheckIn | None = None,
     ) -> None:
         self.request = request
+        # The external check-in (spec.checkIn): pinged in threads of its own, never waited
+        # on past the keeper's own bounds.
+        self._check_in = check_in
         self._connect = connect
         self._log = log
         self._stop = threading.Event()
@@ -259,10 +264,46 @@ class Keeper:
     def _describe(self, error: Exception) -> str:
         return scrub(str(error), self.request.dsn)
 
-    def _release(self) -> int:
+    def ping_start(self) -> None:
+        """The check-in's start ping, in its own thread: nobody waits for it."""
+        if self._check_in is not None:
+            self._check_in.ping(pings.START, self._ping_body())
+
+    def _ping_body(self) -> str:
         req = self.request
+        return f"guardedcron keeper: lock {req.lock}, holder {req.holder}, fence {req.fence}"
+
+    def _ping_until(self, what: str, until: float) -> None:
+        """A check-in ping waited for until `until` at most (the exit's own bound); one
+        still on its way then is abandoned with the process, and the external service's
+        grace pages for it."""
+        if self._check_in is None:
+            return
+        seconds = min(pings.PING_SECONDS, until - time.monotonic())
+        if seconds < pings.MIN_ATTEMPT_SECONDS:
+            self._log(f"check-in {what or 'finish'} to {self._check_in.origin} not sent: "
+                      "no time left before the keeper's exit")
+            return
+        thread = self._check_in.ping(what, self._ping_body(), seconds=seconds)
+        thread.join(seconds)
+        if thread.is_alive():  # its own line would never come: the process exits now
+            self._log(f"check-in {what or 'finish'} to {self._check_in.origin} not sent: "
+                      f"no answer within {seconds:.1f} s, before the keeper's exit")
+
+    def _release(self) -> int:
+        code = self._release_lease()
+        # Only after the release, with what the release left of its bound: the ping never
+        # delays the lease's release nor the exit (KEEPER_STOP_SECONDS).
+        self._ping_until(pings.FINISH, self._release_by())
+        return code
+
+    def _release_by(self) -> float:
         stopped_at = self._stopped_at if self._stopped_at is not None else time.monotonic()
-        by = stopped_at + KEEPER_STOP_SECONDS - EXIT_RESERVE_SECONDS
+        return stopped_at + KEEPER_STOP_SECONDS - EXIT_RESERVE_SECONDS
+
+    def _release_lease(self) -> int:
+        req = self.request
+        by = self._release_by()
         call = self._start(
             lambda conn: lease_ops.release(
                 conn,
@@ -311,6 +352,11 @@ class Keeper:
         write_termination_message({KEY_OUTCOME: KeeperOutcome.LOST, **details})
         self._log(f"LEASE LOST for lock {req.lock} (fence {req.fence}): {reason}")
         record_until = self._record_until(deadline)
+        # Beside the history's record, within the same bound: the exit must still come
+        # before anyone else can hold the lease.
+        fail_ping = (self._check_in.ping(pings.FAIL, f"{self._ping_body()}: lease lost: {reason}",
+                                         seconds=max(0.0, record_until - time.monotonic()))
+                     if self._check_in is not None else None)
         call = self._start(
             lambda conn: lease_ops.mark_lost(conn, req.lock, req.holder, req.fence, reason),
             record_until - time.monotonic(),
@@ -319,6 +365,8 @@ class Keeper:
             self._log("could not record the loss in the run history: no answer in time")
         elif call.error is not None:
             self._log(f"could not record the loss in the run history: {self._describe(call.error)}")
+        if fail_ping is not None:
+            fail_ping.join(max(0.0, record_until - time.monotonic()))
         if not req.exit_on_lost:
             self.wait_for_stop()
         return EXIT_LEASE_LOST

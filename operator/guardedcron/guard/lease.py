@@ -18,6 +18,7 @@ from guardedcron.contract import (
     MAX_LEASE_SECONDS,
     MIN_LEASE_SECONDS,
     NAME_MAX,
+    SLOT_CLAIM_RETAIN_DAYS,
     AcquireReason,
     ReleaseOutcome,
 )
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     Connection = psycopg.Connection[tuple[Any, ...]]
 
 OUTCOMES_ON_RELEASE = tuple(outcome.value for outcome in ReleaseOutcome)
-DEFAULT_RETAIN_DAYS = 90
+DEFAULT_RETAIN_DAYS = SLOT_CLAIM_RETAIN_DAYS  # the operator's backfill bound relies on it
 DEFAULT_RETAIN_RUNS = 10_000  # winning runs (lease generations) per lock, from schema 5
 # From schema 5 a winning acquisition deletes at most this many rows of history, and of slot
 # claims (the constant retention_batch in guard/sql/0005_amortised_retention.sql).

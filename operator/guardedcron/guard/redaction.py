@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
-from guardedcron.contract import ENV_DSN
+from guardedcron.contract import ENV_CHECK_IN_URL, ENV_DSN
 
 HIDDEN = "***"
 HIDDEN_DSN = "<connection string hidden>"
@@ -98,6 +98,9 @@ def _known_secrets() -> list[str]:
     env_dsn = os.environ.get(ENV_DSN)
     if env_dsn:
         secrets |= _secrets_of(env_dsn)
+    check_in_url = os.environ.get(ENV_CHECK_IN_URL, "").strip()
+    if len(check_in_url) >= MIN_SECRET_LENGTH:
+        secrets.add(check_in_url)  # the check's key is in it (guard/check_in.py hides its parts)
     forms = set(secrets)
     for secret in secrets:
         escaped = repr(secret)[1:-1]  # how argparse and f"{x!r}" show it

@@ -4,8 +4,8 @@ One pass for one GuardedCronJob: parse the spec; if valid, build the desired Cro
 and server-side apply it only when the live one differs in what guardedcron sets;
 compute the whole status once and write it only when it changed; then act on what
 compute_status decided follows from it (metrics, outcome recording, pods to stop,
-Events). Every pass, from any trigger, goes through `reconcile`, so a resync over
-up-to-date objects writes nothing, whatever woke it.
+skipped runs' Jobs to remove, Events). Every pass, from any trigger, goes through
+`reconcile`, so a resync over up-to-date objects writes nothing, whatever woke it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from guardedcron.handlers.observe import (
 )
 from guardedcron.handlers.outcomes import record_outcomes
 from guardedcron.handlers.scheduling import act_on_slots, suspension_for
+from guardedcron.handlers.skipped_jobs import remove_skipped_jobs
 from guardedcron.handlers.trigger import act_on_trigger
 from guardedcron.kube import (
     CRONJOBS,
@@ -91,8 +92,9 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     """One pass over one GuardedCronJob: at most one apply, a manual Job if the trigger
     annotation asks for one, at most one status patch, then the Events for the run
     transitions that status records; then, for `onLost: StopWorkload`, the deletion of
-    pods whose lease was lost (if the settings allow the operator to); with outcome
-    recording on, the outcomes of runs that just finished go to the database.
+    pods whose lease was lost (if the settings allow the operator to); the removal of
+    skipped runs' Jobs that status records; with outcome recording on, the outcomes of
+    runs that just finished go to the database.
 
     `logger` is kopf's, for this object: its warnings become Events on it."""
     client, memory, settings = context.client, context.memory, context.settings
@@ -181,7 +183,7 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
         gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=cronjob, jobs=observed.jobs,
         pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
         apply_error=apply_error, handled_trigger=trigger.handled, scheduling=scheduling,
-        remembered=remembered)
+        remembered=remembered, no_success_slots=settings.no_success_slots)
     if trouble is not None:
         # Once per change, not once per pass: kopf posts warnings as Events, and a
         # resync over an object that is still invalid must write nothing.
@@ -203,6 +205,9 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     # pass, not only changed ones, since a pod to stop may outlive the write.
     events += await stop_lost_workloads(change.stop, namespace=namespace, uid=uid, client=client,
                                         memory=memory, allowed=settings.stop_workload, logger=logger)
+    # After the status write too: a skip's Job goes only once status keeps its record.
+    events += await remove_skipped_jobs(change.remove, namespace=namespace, uid=uid, client=client,
+                                        memory=memory, logger=logger)
     for event in events:
         await post_event(client, build_event(gcj, event, now), logger)
     return PassResult(applied=applied, status_written=change.changed, apply_error=apply_error,

@@ -47,7 +47,9 @@ class Metrics:
     missed_runs: Counter
     overlaps: Counter
     last_success: Gauge
-    schedule_period: Gauge
+    next_slot: Gauge
+    next_slot_start_deadline: Gauge
+    success_overdue: Gauge
     run_duration: Histogram
     reconcile_duration: Histogram
     reconcile_errors: Counter
@@ -72,9 +74,17 @@ def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         last_success=Gauge("guardedcron_last_success_timestamp_seconds",
                            "End time of the last successful run, in Unix seconds.",
                            per_job, registry=registry),
-        schedule_period=Gauge("guardedcron_schedule_period_seconds",
-                              "Seconds between the schedule's last two fire times.",
-                              per_job, registry=registry),
+        next_slot=Gauge("guardedcron_next_slot_timestamp_seconds",
+                        "When the earliest slot not started yet is due, in Unix seconds.",
+                        per_job, registry=registry),
+        next_slot_start_deadline=Gauge(
+            "guardedcron_next_slot_start_deadline_timestamp_seconds",
+            "When that slot must have started (due + startingDeadlineSeconds + "
+            "missedRunToleranceSeconds), in Unix seconds.", per_job, registry=registry),
+        success_overdue=Gauge(
+            "guardedcron_success_overdue_timestamp_seconds",
+            "When the operator's no-success count of slots in a row will have passed without "
+            "a success, in Unix seconds.", per_job, registry=registry),
         run_duration=Histogram("guardedcron_run_duration_seconds",
                                "Run durations, from the lease won (or the Job started) to the end.",
                                (*per_job, "outcome"), buckets=RUN_DURATION_BUCKETS, registry=registry),
@@ -107,10 +117,16 @@ def record_changes(metrics: Metrics, *, namespace: str, name: str, changes: Metr
         metrics.overlaps.labels(namespace, name).inc(changes.overlaps)
     if changes.last_success is not None:
         _set(metrics.last_success, namespace, name, changes.last_success.timestamp())
-    if changes.schedule_period_seconds is not None:
-        _set(metrics.schedule_period, namespace, name, changes.schedule_period_seconds)
-    else:
-        _remove(metrics.schedule_period, namespace, name)
+    deadlines = changes.deadlines
+    for gauge, instant in (
+        (metrics.next_slot, deadlines.next_slot if deadlines else None),
+        (metrics.next_slot_start_deadline, deadlines.next_slot_start_deadline if deadlines else None),
+        (metrics.success_overdue, deadlines.success_overdue if deadlines else None),
+    ):
+        if instant is not None:
+            _set(gauge, namespace, name, instant.timestamp())
+        else:  # no run expected (suspended, invalid spec) or no such slot: no series
+            _remove(gauge, namespace, name)
 
 
 def _set(gauge: Gauge, namespace: str, name: str, value: float) -> None:
@@ -153,8 +169,9 @@ def reconcile_timer(metrics: Metrics, *, namespace: str, name: str) -> Iterator[
 
 def forget(metrics: Metrics, *, namespace: str, name: str) -> None:
     """Drop every series of a deleted GuardedCronJob, so it stops being exported."""
-    for metric in (metrics.missed_runs, metrics.overlaps, metrics.last_success,
-                   metrics.schedule_period, metrics.reconcile_errors, metrics.suspended_after_failures):
+    for metric in (metrics.missed_runs, metrics.overlaps, metrics.last_success, metrics.next_slot,
+                   metrics.next_slot_start_deadline, metrics.success_overdue,
+                   metrics.reconcile_errors, metrics.suspended_after_failures):
         _remove(metric, namespace, name)
     for kind in (contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL):
         _remove(metrics.make_up_runs, namespace, name, kind)

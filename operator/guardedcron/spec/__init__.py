@@ -11,6 +11,7 @@ from guardedcron.spec.model import (
 )
 from guardedcron.spec.parse import parse_guarded_cronjob
 from guardedcron.spec.settings import (
+    DEFAULT_NO_SUCCESS_SLOTS,
     Flags,
     GuardResources,
     OperatorSettings,
@@ -21,6 +22,7 @@ from guardedcron.spec.settings import (
 )
 
 __all__ = [
+    "DEFAULT_NO_SUCCESS_SLOTS",
     "Flags",
     "GuardResources",
     "GuardedCronJobSpec",

@@ -82,6 +82,9 @@ class GuardedCronJobSpec:
     dst_policy: DstPolicy = DstPolicy()
     # spec.runContext.env: the run context as environment variables in the workload too.
     run_context_env: bool = False
+    # spec.checkIn.urlSecretRef: the Secret key holding the keeper's check-in URL; None:
+    # the operator's default (GUARDEDCRON_CHECK_IN_SECRET_NAME), if any.
+    check_in: SecretKeyRef | None = None
 
 
 @dataclass(frozen=True)

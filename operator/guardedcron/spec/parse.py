@@ -14,7 +14,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 from datetime import UTC, tzinfo
-from typing import Any, TypeVar, cast, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from guardedcron import contract
 from guardedcron.schedule import Schedule, ScheduleError, load_time_zone
@@ -223,6 +223,7 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
     schedule = Schedule.parse(resolved) if resolved is not None else None
     dst_policy = _read_dst_policy(r, spec, time_zone)
     run_context_env = _read_run_context(r, spec)
+    check_in = _read_check_in(r, spec, lease_obj)
 
     template = r.field(spec, "jobTemplate", "spec.jobTemplate", dict, required=True)
     if template is not None:
@@ -238,7 +239,7 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
             or active is None or successful is None or failed is None or recent is None
             or tolerance is None or lease is None or template is None
             or zone is None or name is None or catch_up is None or resolved is None
-            or dst_policy is None or run_context_env is None):
+            or dst_policy is None or run_context_env is None or check_in is False):
         return None
     return GuardedCronJobSpec(
         schedule=schedule, schedule_text=resolved, time_zone=time_zone, zone=zone,
@@ -248,7 +249,27 @@ def _read_spec(r: _Reader, spec: Mapping[str, Any], name: str | None, namespace:
         job_template=copy.deepcopy(template), catch_up=catch_up,
         suspend_after_failures=suspend_after,
         written_schedule=schedule_text, dst_policy=dst_policy, run_context_env=run_context_env,
+        check_in=check_in or None,
     )
+
+
+def _read_check_in(r: _Reader, spec: Mapping[str, Any], lease: Mapping[str, Any] | None
+                   ) -> SecretKeyRef | Literal[False] | None:
+    """spec.checkIn.urlSecretRef (None: unset); False when it is bad. The keeper sends the
+    pings, so it needs spec.lease.heartbeat, as the CRD's rule says."""
+    path = "spec.checkIn"
+    check_in = r.field(spec, "checkIn", path, dict, required=False)
+    if check_in is None:
+        return False if spec.get("checkIn") is not None else None
+    ref = _read_secret_key_ref(r, check_in, "urlSecretRef", f"{path}.urlSecretRef")
+    if ref is None:
+        return False
+    if lease is not None and lease.get("heartbeat") is False:
+        r.problem(path, "needs spec.lease.heartbeat true: the keeper sidecar sends the check-in "
+                  "pings (start, and finish after it released the lease); without it no "
+                  "container could ping")
+        return False
+    return ref
 
 
 def _read_catch_up(r: _Reader, spec: Mapping[str, Any]) -> CatchUpSpec | None:
@@ -431,8 +452,12 @@ def _lease_seconds(r: _Reader, lease: Mapping[str, Any], key: str, *, minimum: i
 
 
 def _read_secret_ref(r: _Reader, lease: Mapping[str, Any]) -> SecretKeyRef | None:
-    path = "spec.lease.databaseSecretRef"
-    ref = r.field(lease, "databaseSecretRef", path, dict, required=True)
+    return _read_secret_key_ref(r, lease, "databaseSecretRef", "spec.lease.databaseSecretRef")
+
+
+def _read_secret_key_ref(r: _Reader, parent: Mapping[str, Any], field: str, path: str
+                         ) -> SecretKeyRef | None:
+    ref = r.field(parent, field, path, dict, required=True)
     if ref is None:
         return None
     name = r.field(ref, "name", f"{path}.name", str, required=True)

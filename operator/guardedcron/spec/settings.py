@@ -30,6 +30,7 @@ from guardedcron.spec.locks import (
     SHARED_LOCK_NAME_RULE,
     SharedLock,
 )
+from guardedcron.spec.model import SecretKeyRef
 
 # How the operator runs.
 ENV_NAMESPACES = "GUARDEDCRON_NAMESPACES"
@@ -40,6 +41,9 @@ ENV_METRICS_PORT = "GUARDEDCRON_METRICS_PORT"
 ENV_LOG_LEVEL = "GUARDEDCRON_LOG_LEVEL"
 ENV_STOP_WORKLOAD = "GUARDEDCRON_STOP_WORKLOAD"
 ENV_OUTCOME_RECORDING = "GUARDEDCRON_OUTCOME_RECORDING"
+# How many slots in a row without a success make guardedcron_success_overdue_timestamp_seconds
+# pass (the chart writes it from metrics.prometheusRule.noSuccessSlots).
+ENV_NO_SUCCESS_SLOTS = "GUARDEDCRON_NO_SUCCESS_SLOTS"
 # The allow-list of locks shared across namespaces (spec.locks), as JSON:
 # [{"name": "ledger-close", "namespaces": ["finance", "billing"]}]; the chart writes it
 # from its value `sharedLocks`.
@@ -57,11 +61,16 @@ ENV_GUARD_CPU_LIMIT = "GUARDEDCRON_GUARD_CPU_LIMIT"
 ENV_GUARD_MEMORY_LIMIT = "GUARDEDCRON_GUARD_MEMORY_LIMIT"
 ENV_GUARD_RUN_AS_USER = "GUARDEDCRON_GUARD_RUN_AS_USER"
 ENV_RUN_VOLUME_SIZE_LIMIT = "GUARDEDCRON_RUN_VOLUME_SIZE_LIMIT"
+# The check-in URL's Secret for jobs that name none (chart value checkIn.secretName/.secretKey).
+ENV_CHECK_IN_SECRET_NAME = "GUARDEDCRON_CHECK_IN_SECRET_NAME"
+ENV_CHECK_IN_SECRET_KEY = "GUARDEDCRON_CHECK_IN_SECRET_KEY"
 
 BOOLEANS: Mapping[str, bool] = {"true": True, "false": False, "": False}
 PRIORITY_FROM_POD_IP = "pod-ip"
 DEFAULT_METRICS_PORT = 9090
 DEFAULT_LOG_LEVEL = "info"
+DEFAULT_NO_SUCCESS_SLOTS = 2
+MAX_NO_SUCCESS_SLOTS = 1000  # as the chart's schema; each pass walks this many fire times
 LOG_LEVELS: Mapping[str, int] = {
     "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
 }
@@ -81,6 +90,8 @@ DEFAULTS: Mapping[str, str] = {
     ENV_GUARD_MEMORY_LIMIT: "128Mi",
     ENV_GUARD_RUN_AS_USER: "65532",  # the "nonroot" user of distroless-style images
     ENV_RUN_VOLUME_SIZE_LIMIT: "1Mi",  # holds two tiny files; counts against pod memory
+    ENV_CHECK_IN_SECRET_NAME: "",  # no default check-in
+    ENV_CHECK_IN_SECRET_KEY: "url",
 }
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -89,6 +100,9 @@ _QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE]\d+)?$")
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _IMAGE = re.compile(r"^[^\s$]+$")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a namespace name, whole
+# As the CRD's secretKeyRef fields (spec/parse.py): a Secret name and a key in it.
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,9 @@ class OperatorSettings:
     guard_resources: GuardResources
     guard_run_as_user: int
     run_volume_size_limit: str
+    # The Secret (in each job's namespace) of the check-in URL for jobs whose spec.checkIn
+    # names none; None: no default check-in. Applied by the builder, never to the spec.
+    check_in_secret: SecretKeyRef | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +159,8 @@ class Settings:
     outcome_recording: bool = False
     # The cluster admin's allow-list: which namespaces may take which shared locks.
     shared_locks: tuple[SharedLock, ...] = ()
+    # Slots in a row without a success before the success-overdue deadline passes.
+    no_success_slots: int = DEFAULT_NO_SUCCESS_SLOTS
 
 
 class SettingsError(ValueError):
@@ -197,11 +216,20 @@ def settings_from_env(env: Mapping[str, str]) -> OperatorSettings:
         problems.append(Problem(ENV_GUARD_RUN_AS_USER,
                                 f"must be a user id above 0, not {user_text!r}"))
 
+    check_in_name = read(ENV_CHECK_IN_SECRET_NAME)
+    check_in_key = read(ENV_CHECK_IN_SECRET_KEY)
+    if check_in_name and (len(check_in_name) > 253 or not _SECRET_NAME.fullmatch(check_in_name)):
+        problems.append(Problem(ENV_CHECK_IN_SECRET_NAME, f"{check_in_name!r} is not a Secret name"))
+    if len(check_in_key) > 253 or not _SECRET_KEY.fullmatch(check_in_key):
+        problems.append(Problem(ENV_CHECK_IN_SECRET_KEY, f"{check_in_key!r} is not a Secret key "
+                                "(letters, digits, '-', '_' and '.')"))
+
     if problems:
         raise SettingsError(problems)
     return OperatorSettings(
         guard_image=image, guard_image_pull_policy=pull_policy, cluster_name=cluster or None,
         guard_resources=resources, guard_run_as_user=user, run_volume_size_limit=size_limit,
+        check_in_secret=SecretKeyRef(name=check_in_name, key=check_in_key) if check_in_name else None,
     )
 
 
@@ -264,6 +292,7 @@ def read_settings(env: Mapping[str, str], flags: Flags = Flags()) -> Settings:
         switches[variable] = BOOLEANS.get(text, False)
 
     shared_locks = read_shared_locks(env.get(ENV_SHARED_LOCKS, ""), problems)
+    no_success_slots = read_no_success_slots(env.get(ENV_NO_SUCCESS_SLOTS, "").strip(), problems)
 
     build: OperatorSettings | None = None
     try:
@@ -276,7 +305,7 @@ def read_settings(env: Mapping[str, str], flags: Flags = Flags()) -> Settings:
                     metrics_port=port, log_level=level, liveness=flags.liveness,
                     stop_workload=switches[ENV_STOP_WORKLOAD],
                     outcome_recording=switches[ENV_OUTCOME_RECORDING],
-                    shared_locks=shared_locks)
+                    shared_locks=shared_locks, no_success_slots=no_success_slots)
 
 
 def read_shared_locks(text: str, problems: list[Problem]) -> tuple[SharedLock, ...]:
@@ -321,6 +350,17 @@ def read_shared_locks(text: str, problems: list[Problem]) -> tuple[SharedLock, .
             result.setdefault(name, SharedLock(name=name, namespaces=frozenset(namespaces)))
     problems.extend(found)
     return () if found else tuple(result.values())
+
+
+def read_no_success_slots(text: str, problems: list[Problem]) -> int:
+    """The slot count from its text (empty: the default); a bad one is a problem."""
+    if not text:
+        return DEFAULT_NO_SUCCESS_SLOTS
+    if text.isdigit() and 1 <= int(text) <= MAX_NO_SUCCESS_SLOTS:
+        return int(text)
+    problems.append(Problem(ENV_NO_SUCCESS_SLOTS,
+                            f"must be a whole number 1-{MAX_NO_SUCCESS_SLOTS}, not {text!r}"))
+    return DEFAULT_NO_SUCCESS_SLOTS
 
 
 def priority_from_ip(text: str) -> int:

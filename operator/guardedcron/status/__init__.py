@@ -18,8 +18,9 @@ from guardedcron.status.compute import (
     merge_runs,
 )
 from guardedcron.status.conditions import get_condition, is_true, set_condition
+from guardedcron.status.deadlines import AlertDeadlines, alert_deadlines
 from guardedcron.status.history import finished_runs
-from guardedcron.status.missed import MissedRun, find_missed_run, schedule_period_seconds
+from guardedcron.status.missed import MissedRun, find_missed_run
 from guardedcron.status.overlap import Overlap, find_overlaps
 from guardedcron.status.runs import Outcome, RunRecord, classify_run
 from guardedcron.status.transitions import EventReason, RunEvent, run_events
@@ -27,6 +28,7 @@ from guardedcron.status.transitions import EventReason, RunEvent, run_events
 __all__ = [
     "DEGRADED_AFTER_GUARD_ERRORS",
     "STATUS_KEYS",
+    "AlertDeadlines",
     "EventReason",
     "FinishedRun",
     "MetricChanges",
@@ -37,6 +39,7 @@ __all__ = [
     "RunRecord",
     "SchedulingStatus",
     "StatusChange",
+    "alert_deadlines",
     "classify_run",
     "compute_status",
     "cronjob_mismatch",
@@ -47,7 +50,6 @@ __all__ = [
     "is_true",
     "merge_runs",
     "run_events",
-    "schedule_period_seconds",
     "set_condition",
     "status_changed",
     "status_patch",

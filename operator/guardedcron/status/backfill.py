@@ -12,6 +12,11 @@ Each slot's run is a Job named `<cronjob>-<slot>`, so its guard claims that slot
 slot with a run here is skipped without a Job, and one that ran in another cluster
 sharing the database is skipped by its guard. The next run starts once the previous
 one has finished and no other run of the job is active here.
+
+The guard keeps a claim `contract.SLOT_CLAIM_RETAIN_DAYS` (its `--retain-days`), and a
+slot whose claim is gone would run again: a range whose `since` is older than
+`oldest_backfill_slot(now)` is refused, and a backfill that reaches a slot older than it
+(its runs took that long) stops there.
 """
 
 from __future__ import annotations
@@ -84,7 +89,25 @@ def checked_request(token: str, since: datetime, until: datetime, *, now: dateti
         raise BackfillRequestError(
             f"until ({format_time(until)}) is in the future (now {format_time(now)}): a backfill runs "
             "past slots only; the schedule runs the coming ones")
+    oldest = oldest_backfill_slot(now)
+    if since < oldest:
+        raise BackfillRequestError(f"since ({format_time(since)}) {_past_claims(oldest)}")
     return BackfillRequest(token=token, since=since, until=until)
+
+
+def oldest_backfill_slot(now: datetime) -> datetime:
+    """The oldest slot a backfill may start at `now`: the guard's claims reach back
+    SLOT_CLAIM_RETAIN_DAYS, less SLOT_CLAIM_MARGIN_DAYS (contract.py says why), rounded
+    up to a whole minute (slots are minutes; the message shows it exactly)."""
+    bound = now - timedelta(days=contract.SLOT_CLAIM_RETAIN_DAYS - contract.SLOT_CLAIM_MARGIN_DAYS)
+    minute = bound.replace(second=0, microsecond=0)
+    return minute if minute == bound else minute + timedelta(minutes=1)
+
+
+def _past_claims(oldest: datetime) -> str:
+    return (f"is older than {format_time(oldest)}, the oldest slot a backfill may run: the guard "
+            f"keeps slot claims {contract.SLOT_CLAIM_RETAIN_DAYS} days (its --retain-days), and a "
+            "slot whose claim is gone would run a second time")
 
 
 def token_problem(token: str) -> str | None:
@@ -189,6 +212,11 @@ def _progress(parsed: ParsedSpec, state: dict[str, Any], runs: Iterable[RunRecor
     slot = epoch_minute(remaining[0])
     if busy or slot_state(records, slot, now=now) is not SlotState.OPEN:
         return BackfillStep(status=state, notes=notes)  # its run goes on, or waits to be retried
+    oldest = oldest_backfill_slot(now)
+    if remaining[0] < oldest:
+        # The range was inside the bound when it started; its runs took so long that this
+        # slot's claim may be deleted by now.
+        return _stop(state, f"its next slot {format_time(remaining[0])} {_past_claims(oldest)}", notes)
     return BackfillStep(status=state, start=remaining[0], attempt=next_attempt(records, slot), notes=notes)
 
 

@@ -3,13 +3,13 @@
 compute_status reads the runs of the previous status once and those of the new status
 once (`known_records`); from the two readings this module decides everything a pass
 does besides writing the status: which runs just finished, the Events to post, the
-metric changes, the outcomes to record in the database and the pods that
-`onLost: StopWorkload` stops. The handlers act on a `StatusChange` and observability
-counts and posts what it says; neither decides again.
+metric changes, the outcomes to record in the database, the pods that
+`onLost: StopWorkload` stops and the skipped runs' Jobs to remove. The handlers act on a
+`StatusChange` and observability counts and posts what it says; neither decides again.
 
 Transitions (finished runs, Events, counter increments, outcomes) follow only from a
 status that is written: a pass whose status equals the stored one changes nothing,
-so a resync, from any trigger, counts and posts nothing. Gauges and stop orders
+so a resync, from any trigger, counts and posts nothing. Gauges, stop orders and removals
 follow from the status itself, on every pass, so they are right again after a restart.
 """
 
@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from guardedcron.spec import ParsedSpec
+from guardedcron.spec import DEFAULT_NO_SUCCESS_SLOTS, ParsedSpec
+from guardedcron.status.deadlines import AlertDeadlines, alert_deadlines
 from guardedcron.status.lease_loss import STOP_WORKLOAD, StopOrder, workloads_to_stop
-from guardedcron.status.missed import schedule_period_seconds
 from guardedcron.status.outcomes import OutcomeRecord, outcomes_to_record
 from guardedcron.status.runs import Outcome, RunRecord
+from guardedcron.status.skips import SkippedJob, skipped_jobs_to_remove
 from guardedcron.status.times import parse_time
 from guardedcron.status.transitions import EventReason, RunEvent, run_events
 
@@ -54,7 +55,9 @@ class MetricChanges:
     missed_runs: int  # MissedRun transitions
     overlaps: int  # Overlap transitions
     last_success: datetime | None  # None: the gauge keeps what it has
-    schedule_period_seconds: float | None  # None: no such series (spec invalid, or no period yet)
+    # The schedule-aware alerts' gauges; None: no such series (spec invalid, suspended, or
+    # no creation time to count slots from).
+    deadlines: AlertDeadlines | None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class StatusChange:
     metrics: MetricChanges
     outcomes: tuple[OutcomeRecord, ...]  # finished runs to record in the database, oldest first
     stop: tuple[StopOrder, ...]  # pods onLost: StopWorkload stops
+    remove: tuple[SkippedJob, ...]  # Jobs of skipped runs `status` records (status/skips.py)
 
     def patch(self) -> dict[str, Any]:
         """The JSON merge patch for .status that writes `status` over `previous`."""
@@ -80,9 +84,13 @@ class StatusChange:
 def what_follows(*, previous: Mapping[str, Any], before: Mapping[str, RunRecord],
                  status: dict[str, Any], after: Mapping[str, RunRecord],
                  finished: Sequence[RunRecord], parsed: ParsedSpec | None,
-                 pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]], now: datetime) -> StatusChange:
+                 jobs: Sequence[Mapping[str, Any]],
+                 pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]], now: datetime,
+                 created_at: datetime | None = None, no_success_slots: int = DEFAULT_NO_SUCCESS_SLOTS,
+                 ) -> StatusChange:
     """The change from `previous` (whose runs are `before`) to `status` (runs `after`),
-    given the runs `finished_runs` found between them."""
+    given the runs `finished_runs` found between them; `created_at` (the object's) and
+    `no_success_slots` (the operator's setting) are for the alerts' deadlines."""
     changed = status_changed(previous, status)
     written = tuple(finished) if changed else ()
     events = (tuple(run_events(before, after, conditions_of(previous), conditions_of(status)))
@@ -92,13 +100,14 @@ def what_follows(*, previous: Mapping[str, Any], before: Mapping[str, RunRecord]
         missed_runs=sum(1 for event in events if event.reason is EventReason.MISSED_RUN),
         overlaps=sum(1 for event in events if event.reason is EventReason.OVERLAP),
         last_success=parse_time(status.get("lastSuccessfulTime")),
-        schedule_period_seconds=schedule_period_seconds(parsed, now) if parsed is not None else None,
+        deadlines=_deadlines(parsed, status, created_at, no_success_slots),
     )
     stopping = parsed is not None and parsed.spec.lease.on_lost == STOP_WORKLOAD
     return StatusChange(
         previous=previous, status=status, runs=after, changed=changed, finished=written,
         events=events, metrics=metrics, outcomes=tuple(outcomes_to_record(written)),
         stop=tuple(workloads_to_stop(after.values(), pods_by_job)) if stopping else (),
+        remove=skipped_jobs_to_remove(after, jobs),
     )
 
 
@@ -117,6 +126,19 @@ def conditions_of(status: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     """The readable conditions of a status (an edited one may hold anything)."""
     items = status.get("conditions") if status else None
     return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
+
+
+def _deadlines(parsed: ParsedSpec | None, status: Mapping[str, Any], created_at: datetime | None,
+               no_success_slots: int) -> AlertDeadlines | None:
+    """The alerts' deadlines, or None while no run is expected: a suspended spec, a CronJob
+    suspended after failures, an invalid spec (no schedule), an unknown creation time."""
+    failures = status.get("failures")
+    paused = isinstance(failures, Mapping) and failures.get("suspended") is True
+    if parsed is None or parsed.spec.suspend or paused or created_at is None:
+        return None
+    return alert_deadlines(parsed, last_scheduled=parse_time(status.get("lastScheduleTime")),
+                           last_success=parse_time(status.get("lastSuccessfulTime")),
+                           created_at=created_at, no_success_slots=no_success_slots)
 
 
 def _duration(run: RunRecord) -> float | None:

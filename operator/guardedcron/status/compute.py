@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from guardedcron import contract
 from guardedcron.objects import controlled_by, get_path, uid_of
-from guardedcron.spec import ParsedSpec
+from guardedcron.spec import DEFAULT_NO_SUCCESS_SLOTS, ParsedSpec
 from guardedcron.status import conditions as cond
 from guardedcron.status.change import StatusChange, conditions_of, what_follows
 from guardedcron.status.history import add_counts, finished_runs, known_records, newest_first
@@ -71,6 +71,7 @@ def compute_status(
     handled_trigger: str | None = None,
     scheduling: SchedulingStatus | None = None,
     remembered: Mapping[str, RunRecord] | None = None,
+    no_success_slots: int = DEFAULT_NO_SUCCESS_SLOTS,
 ) -> StatusChange:
     """The status to write over `previous_status`, and what follows from writing it.
 
@@ -87,6 +88,7 @@ def compute_status(
       them; None keeps the previous status's.
     - `remembered`: `known_records(previous_status)` when the caller has read them already
       (each record is parsed once per pass).
+    - `no_success_slots`: the operator's setting for the success-overdue deadline.
     """
     previous = previous_status or {}
     scheduling = scheduling if scheduling is not None else scheduling_of(previous)
@@ -152,7 +154,8 @@ def compute_status(
         conditions = [c for c in conditions if c.get("type") != cond.SUSPENDED]
     status["conditions"] = conditions
     return what_follows(previous=previous, before=before, status=status, after=after,
-                        finished=finished, parsed=parsed, pods_by_job=pods_by_job, now=now)
+                        finished=finished, parsed=parsed, jobs=jobs, pods_by_job=pods_by_job, now=now,
+                        created_at=_created_at(gcj, cronjob), no_success_slots=no_success_slots)
 
 
 def merge_runs(remembered: Mapping[str, RunRecord], jobs: Sequence[Mapping[str, Any]],
@@ -279,8 +282,7 @@ def _missed(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[
         return cond.MISSED_RUN, "Unknown", "SpecInvalid", "no schedule to check while the spec is invalid"
     if parsed.spec.suspend or paused:
         return cond.MISSED_RUN, "False", "Suspended", "suspended: no runs are expected"
-    created = parse_time(get_path(gcj, "metadata", "creationTimestamp")) \
-        or parse_time(get_path(cronjob, "metadata", "creationTimestamp"))
+    created = _created_at(gcj, cronjob)
     if created is None:
         return cond.MISSED_RUN, "Unknown", "CreationTimeUnknown", "no creationTimestamp to count slots from"
     missed = find_missed_run(
@@ -301,6 +303,12 @@ def _missed(gcj: Mapping[str, Any], parsed: ParsedSpec | None, cronjob: Mapping[
     return (cond.MISSED_RUN, "True", "SlotMissed",
             f"no run for the slot at {format_time(missed.scheduled_at)} (Job {missed.job_name} was "
             f"never created); it was due by {format_time(missed.deadline)}")
+
+
+def _created_at(gcj: Mapping[str, Any], cronjob: Mapping[str, Any] | None) -> datetime | None:
+    """Where slots are counted from: the object's creation (else its CronJob's)."""
+    return parse_time(get_path(gcj, "metadata", "creationTimestamp")) \
+        or parse_time(get_path(cronjob, "metadata", "creationTimestamp"))
 
 
 def _suspended(parsed: ParsedSpec, scheduling: SchedulingStatus) -> _Condition:

@@ -84,15 +84,3 @@ def _scheduled_slot_of(job: RunRecord | Mapping[str, Any]) -> int | None:
         return None if job.manual else job.slot
     return None if is_manual(job) else scheduled_slot(job)
 
-
-def schedule_period_seconds(parsed: ParsedSpec, now: datetime) -> float | None:
-    """Seconds between the schedule's last two fire times at or before `now` (for alerts
-    such as "no success within N periods"); None when it has not fired twice in 5 years."""
-    spec = parsed.spec
-    last = spec.schedule.previous_at_or_before(now, spec.zone)
-    if last is None:
-        return None
-    before = spec.schedule.previous_at_or_before(last - timedelta(minutes=1), spec.zone)
-    if before is None:
-        return None
-    return (last - before).total_seconds()

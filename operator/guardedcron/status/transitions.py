@@ -43,6 +43,8 @@ class EventReason(StrEnum):
     WORKLOAD_STOPPED = "WorkloadStopped"
     STOP_WORKLOAD_FAILED = "StopWorkloadFailed"
     OUTCOME_NOT_RECORDED = "OutcomeNotRecorded"
+    # A skipped run's Job could not be removed (status/skips.py), so it stays Failed.
+    SKIPPED_JOB_KEPT = "SkippedJobKept"
     # The spec asks for a lock its namespace may not use (spec.locks), or the CronJob
     # was deleted because its runs would take one.
     LOCK_NOT_ALLOWED = "LockNotAllowed"
@@ -80,7 +82,8 @@ WARNINGS = frozenset({
     EventReason.RUN_FAILED, EventReason.RUN_TIMED_OUT, EventReason.LEASE_LOST,
     EventReason.GUARD_ERROR, EventReason.MISSED_RUN, EventReason.OVERLAP,
     EventReason.TRIGGER_FAILED, EventReason.WORKLOAD_STOPPED, EventReason.STOP_WORKLOAD_FAILED,
-    EventReason.OUTCOME_NOT_RECORDED, EventReason.LOCK_NOT_ALLOWED, EventReason.LOCK_CHANGED,
+    EventReason.OUTCOME_NOT_RECORDED, EventReason.SKIPPED_JOB_KEPT, EventReason.LOCK_NOT_ALLOWED,
+    EventReason.LOCK_CHANGED,
     EventReason.MAKE_UP_RUN_FAILED, EventReason.BACKFILL_REFUSED, EventReason.BACKFILL_STOPPED,
     EventReason.SUSPENDED_AFTER_FAILURES, EventReason.CATCH_UP_WITHOUT_HEARTBEAT,
 })
