@@ -81,6 +81,7 @@ class OperatorProcess:
                           if "value" in e}
         self.guard_image = self.chart_env["GUARDEDCRON_GUARD_IMAGE"]
         self.health_port = 0
+        self.metrics_port = 0
 
     def install(self) -> None:
         """The chart's ServiceAccount and RBAC, and a kubeconfig holding that account's token."""
@@ -96,6 +97,7 @@ class OperatorProcess:
     def start(self) -> None:
         assert self.process is None or self.process.poll() is not None, "already running"
         self.health_port = free_port()
+        self.metrics_port = free_port()
         args = [a for a in self.args if not a.startswith("--liveness")]
         args.append(f"--liveness=http://127.0.0.1:{self.health_port}/healthz")
         env = {
@@ -103,7 +105,7 @@ class OperatorProcess:
             "HOME": str(self.workdir),
             "KUBECONFIG": str(self.kubeconfig),
             **self.chart_env,
-            "GUARDEDCRON_METRICS_PORT": str(free_port()),
+            "GUARDEDCRON_METRICS_PORT": str(self.metrics_port),
             "POD_ID": f"{self.cluster.name}-operator-{self.starts}",
         }
         self.starts += 1
@@ -144,6 +146,11 @@ class OperatorProcess:
             self.process.wait(STOP_GRACE_SECONDS)
         except subprocess.TimeoutExpired:
             self.kill()
+
+    def metrics(self) -> str:
+        """/metrics of the running process (its series start again at each start)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
 
     def log_text(self) -> str:
         try:

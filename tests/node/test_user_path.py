@@ -7,13 +7,16 @@ import ipaddress
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
+import yaml
 
 from guardedcron import contract
 from guardedcron_devenv.docker_engine import DockerEngine
 from guardedcron_devenv.image import BuiltImage
+from guardedcron_devenv.node_images import ImageFile, build_image_archive, busybox_files
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.node.cluster import NODE_TEST_TIMEOUT_SECONDS, POD_SUBNET, NodeCluster
 from tests.node.user_path import (
@@ -28,10 +31,14 @@ from tests.node.user_path import (
     wait_for,
     workload_container,
 )
+from tests.support import REPO
 
 # The last chart that landed before lock names changed the CRD (spec.lease.sharedLock).
 PREVIOUS_CHART = "9217f81"
 UPGRADED_NAMESPACE = "team-upgrade"
+# The keeper's release bound (contract.KEEPER_STOP_SECONDS, 2 s) plus the kubelet noticing
+# the workload ended and stopping its sidecar, on a busy 2-core machine.
+RELEASED_WITHIN_SECONDS = 10.0
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(NODE_TEST_TIMEOUT_SECONDS)]
 
@@ -247,14 +254,76 @@ def test_an_unreachable_database_is_a_guard_error_and_a_missed_run(user_path: Us
                       "--type=merge", "-p", '{"spec": {"suspend": true}}')  # fmt: skip
 
 
+EXAMPLE = REPO / "examples" / "nightly-invoices.yaml"
+# What the example's image runs: its command, relative to the image's working folder /.
+RUN_TASK = b"#!/bin/sh\necho \"task $*\"\nsleep 2\n"
+
+
+def test_the_readme_example_applied_unchanged_frees_its_lease_when_the_run_ends(user_path: UserPath) -> None:
+    """The README's example, with every default: its keeper releases the lease seconds
+    after the workload ends, so the next run, right after, wins it instead of being
+    skipped as `lease-held`. The example's image is made here, under its own name."""
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    [task] = manifest["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    user_path.cluster.node.import_image(build_image_archive(
+        task["image"], [*busybox_files(), ImageFile("/bin/run-task", RUN_TASK)], ["/bin/sh"],
+        {"/bin/sh": "busybox", "/bin/sleep": "busybox", "/bin/echo": "busybox"}))  # fmt: skip
+    secret = manifest["spec"]["lease"]["databaseSecretRef"]
+    user_path.kubectl("create", "namespace", namespace)
+    user_path.kubectl("create", "secret", "generic", secret["name"], "-n", namespace,
+                      f"--from-literal={secret['key']}={user_path.pod_dsn}")  # fmt: skip
+    user_path.kubectl("apply", "-f", str(EXAMPLE))
+    user_path.wait_cronjob(namespace, name)
+    lock = f"{namespace}/{name}"
+    slot = int(time.time() // 60) - 10
+    for job in (f"{name}-{slot}", f"{name}-{slot + 1}"):  # the second right after the first
+        user_path.kubectl("create", "job", f"--from=cronjob/{name}", job, "-n", namespace)
+        finished = user_path.wait_job_finished(namespace, job)["status"]["conditions"]
+        assert [c["type"] for c in finished if c["status"] == "True"][-1] == "Complete"
+        pod = user_path.pod_of(namespace, job)
+        guard = json.loads(terminated(pod, contract.GUARD_CONTAINER)["message"])
+        assert guard["outcome"] == "acquired", guard
+        assert terminated(pod, contract.KEEPER_CONTAINER)["exitCode"] == 0
+        ended = datetime.fromisoformat(terminated(pod, task["name"])["finishedAt"])
+        [(released_at,)] = user_path.query(
+            "SELECT released_at FROM guardedcron.leases WHERE lock_name = %s AND fence = %s",
+            (lock, guard["fence"]))  # fmt: skip
+        assert released_at is not None, "the lease was not released"
+        # finishedAt has whole seconds: the release may show up to a second "before" it.
+        after = (released_at - ended).total_seconds()
+        print(f"{job}: lease released {after:.1f} s after the workload ended")
+        assert -1.0 <= after <= RELEASED_WITHIN_SECONDS, after
+        user_path.wait_last_run(namespace, name, job, "Succeeded")
+    # The per-run Events, as the real API server stores them: Normal, one per run.
+    succeeded = user_path.events(namespace, "RunSucceeded")
+    for job in (f"{name}-{slot}", f"{name}-{slot + 1}"):
+        [event] = [e for e in succeeded if f" {job} succeeded" in e["message"]]
+        assert event["type"] == "Normal" and event["involvedObject"]["name"] == name, event
+    assert not user_path.events(namespace, "RunSkipped")
+
+
 # kopf's peering lifetime (60 s): a peer that vanished without saying goodbye counts as
 # gone when its record is that old; the standby resumes on its next check after that.
 PEERING_LIFETIME_SECONDS = 60
 TAKEOVER_BOUND_SECONDS = PEERING_LIFETIME_SECONDS + 60
+PAUSED = "Pausing operations in favour of"  # kopf's words, at info level
+RESUMED = "Resuming operations after the pause"
 
 
-def test_a_standby_operator_takes_over_when_the_active_one_is_killed(user_path: UserPath) -> None:
-    """Last in this module: it leaves the release with two peered replicas."""
+def pod_logs(user_path: UserPath, pod: dict[str, Any]) -> str:
+    return user_path.kubectl("logs", pod["metadata"]["name"], "-n", SYSTEM_NAMESPACE).stdout
+
+
+def applied(name: str) -> str:
+    return f"Applied CronJob {name}:"  # the operator's line when it creates or mends one
+
+
+def test_the_standby_operator_takes_over_when_the_active_one_is_killed(user_path: UserPath) -> None:
+    """Which pod serves is asserted before and after: the active one, then the standby,
+    never the Deployment's replacement (a ResourceQuota keeps it from being created). A
+    job firing every minute across the handover has every slot run exactly once and
+    none reported missed. Last in this module: it leaves the release with two replicas."""
     install_chart(user_path, replicaCount=2, peering={"enabled": True})
     pods = wait_for("two operator pods are Ready", lambda: [
         p for p in user_path.operator_pods()
@@ -264,22 +333,68 @@ def test_a_standby_operator_takes_over_when_the_active_one_is_killed(user_path: 
     assert len(pods) == 2
     # Peering priority is the pod's IPv4 address as an integer: the highest serves.
     active = max(pods, key=lambda p: ipaddress.ip_address(p["status"]["podIP"]))
+    [standby] = [p for p in pods if p is not active]
+    wait_for("the standby pauses in favour of the active one",
+             lambda: PAUSED in pod_logs(user_path, standby), timeout=TAKEOVER_BOUND_SECONDS)
     namespace = user_path.team_namespace("team-ha")
-    user_path.apply(guarded_cronjob("ha", namespace, lease={"heartbeat": True}))
+    every_minute = guarded_cronjob("ha", namespace)
+    every_minute["spec"]["schedule"] = "* * * * *"
+    user_path.apply(every_minute)
     user_path.wait_cronjob(namespace, "ha")
+    assert applied("ha") in pod_logs(user_path, active)
+    assert applied("ha") not in pod_logs(user_path, standby)
+    lock = f"{namespace}/ha"
+    first_slot = wait_for("a first slot runs while the active operator serves", lambda: next(iter(
+        user_path.query("SELECT min(slot) FROM guardedcron.slot_claims WHERE lock_name = %s", (lock,))[0]),
+        None), timeout=120)  # fmt: skip
 
-    # Killed, not stopped: no grace, so it cannot leave the peering object in good order.
-    killed_at = time.monotonic()
-    user_path.kubectl("delete", "pod", active["metadata"]["name"], "-n", SYSTEM_NAMESPACE,
-                      "--grace-period=0", "--force")  # fmt: skip
-    job = f"ha-{int(time.time() // 60) - 6}"
-    user_path.kubectl("create", "job", "--from=cronjob/ha", job, "-n", namespace)
-    user_path.wait_job_finished(namespace, job)
-    user_path.wait_last_run(namespace, "ha", job, "Succeeded", timeout=TAKEOVER_BOUND_SECONDS)
-    took = time.monotonic() - killed_at
-    print(f"status updated by the standby {took:.0f} s after the active operator was killed")
-    rows = user_path.query("SELECT dedupe_key, count(*) FROM e2e_work WHERE lock = %s GROUP BY 1",
-                           (f"{namespace}/ha",))  # fmt: skip
+    # The Deployment's replacement cannot be made while the quota is full: the standby is
+    # the only operator left.
+    user_path.apply({"apiVersion": "v1", "kind": "ResourceQuota",
+                     "metadata": {"name": "no-replacement", "namespace": SYSTEM_NAMESPACE},
+                     "spec": {"hard": {"pods": "1"}}})  # fmt: skip
+    wait_for("the quota counts the operator pods", lambda: user_path.get(
+        "resourcequota", "no-replacement", "-n", SYSTEM_NAMESPACE).get("status", {}).get("used"), timeout=60)
+    try:
+        # Killed, not stopped: no grace, so it cannot leave the peering object in good order;
+        # for a moment its process may still run beside the standby's.
+        killed_at = time.monotonic()
+        user_path.kubectl("delete", "pod", active["metadata"]["name"], "-n", SYSTEM_NAMESPACE,
+                          "--grace-period=0", "--force")  # fmt: skip
+        user_path.apply(guarded_cronjob("ha-after", namespace))
+        user_path.wait_cronjob(namespace, "ha-after", timeout=TAKEOVER_BOUND_SECONDS)
+        took = time.monotonic() - killed_at
+        print(f"the standby served {took:.0f} s after the active operator was killed")
+        assert [p["metadata"]["name"] for p in user_path.operator_pods()] == [standby["metadata"]["name"]]
+        served = pod_logs(user_path, standby)
+        assert RESUMED in served and applied("ha-after") in served, served[-3000:]
+
+        # Two more slots after the takeover, then every slot's run in status.
+        last_slot = int(time.time() // 60) + 1
+        wait_for("two slots after the takeover run", lambda: user_path.query(
+            "SELECT 1 FROM guardedcron.slot_claims WHERE lock_name = %s AND slot >= %s", (lock, last_slot)),
+            timeout=180)  # fmt: skip
+    finally:
+        user_path.kubectl("delete", "resourcequota", "no-replacement", "-n", SYSTEM_NAMESPACE)
+    user_path.kubectl("patch", f"{contract.PLURAL}.{contract.API_GROUP}", "ha", "-n", namespace,
+                      "--type=merge", "-p", '{"spec": {"suspend": true}}')  # fmt: skip
+    slots = range(first_slot, last_slot + 1)
+    won = dict(user_path.query(
+        "SELECT slot, count(*) FROM guardedcron.runs WHERE lock_name = %s AND outcome <> 'skipped'"
+        " GROUP BY slot", (lock,)))  # fmt: skip
+    assert {slot: won.get(slot, 0) for slot in slots} == dict.fromkeys(slots, 1), won
+    rows = user_path.query("SELECT dedupe_key, count(*) FROM e2e_work WHERE lock = %s GROUP BY 1", (lock,))
     assert rows and all(count == 1 for _, count in rows), rows
+
+    def every_slot_succeeded() -> dict[str, Any] | None:
+        status = user_path.gcj_status(namespace, "ha")
+        done = {run.get("slot") for run in status.get("recentRuns") or []
+                if run.get("outcome") == "Succeeded" and "finishedAt" in run}
+        return status if set(slots) <= done else None
+
+    status = wait_for("status records every slot Succeeded", every_slot_succeeded, timeout=120)
+    [missed] = [c for c in status["conditions"] if c["type"] == "MissedRun"]
+    assert missed["status"] != "True", missed
+    assert not user_path.events(namespace, "MissedRun")
     logs = user_path.operator_logs()
     assert "forbidden" not in logs.lower(), logs[-3000:]

@@ -79,7 +79,7 @@ class UserPath:
                      f"--from-literal=dsn={self.pod_dsn}")  # fmt: skip
         return name
 
-    def wait_cronjob(self, namespace: str, name: str) -> dict[str, Any]:
+    def wait_cronjob(self, namespace: str, name: str, timeout: float = 60.0) -> dict[str, Any]:
         """The CronJob the operator makes of a GuardedCronJob, once it exists."""
 
         def made() -> dict[str, Any] | None:
@@ -89,7 +89,7 @@ class UserPath:
                 return None
 
         try:
-            return wait_for(f"the operator creates CronJob {namespace}/{name}", made, timeout=60)
+            return wait_for(f"the operator creates CronJob {namespace}/{name}", made, timeout=timeout)
         except AssertionError as missing:
             gcj = self.get(f"{contract.PLURAL}.{contract.API_GROUP}", name, "-n", namespace)
             raise AssertionError(

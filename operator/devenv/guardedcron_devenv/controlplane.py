@@ -253,6 +253,7 @@ class ControlPlane:
         self._progress = progress
         self._given_logs_dir = logs_dir
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._args: dict[str, list[str]] = {}  # each part's command, to start it again
         self._workdir: Path | None = None
         self._pki: ControlPlanePki | None = None
         self._tls: ssl.SSLContext | None = None
@@ -467,7 +468,19 @@ class ControlPlane:
             f"in {time.monotonic() - started:.1f} s"
         )
 
+    def stop_part(self, name: str) -> None:
+        """Stop one part, e.g. "kube-controller-manager", as an outage would (its process
+        group gets SIGTERM, then SIGKILL); `start_part` starts it again as it was."""
+        stop_process_group(self._processes.pop(name))
+
+    def start_part(self, name: str) -> None:
+        """Start a part `stop_part` stopped, with the arguments it first had."""
+        if name in self._processes:
+            raise ControlPlaneError(f"{name} of control plane {self.name!r} is running")
+        self._spawn(name, self._args[name])
+
     def _spawn(self, name: str, args: list[str]) -> None:
+        self._args[name] = args
         env = None
         if self.zoneinfo is not None and name in ("kube-apiserver", "kube-controller-manager"):
             env = {**os.environ, "ZONEINFO": str(self.zoneinfo)}
