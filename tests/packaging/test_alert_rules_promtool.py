@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.support.chart import RELEASE_NAMESPACE, one, render
-from tests.support.gcj import DELETE, base_gcj, put
+from tests.support.gcj import on_schedule, put
 from tests.support.prometheus import (
     exported_gauges,
     operator_target_labels,
@@ -278,10 +278,7 @@ def minutes_between(start: datetime, end: datetime) -> int:
 
 
 def case_gcj(case: ScheduleCase) -> dict[str, Any]:
-    body = put(base_gcj(), "spec.schedule", case.schedule)
-    body = put(body, "spec.timeZone", DELETE if case.zone is None else case.zone)
-    for key, value in case.spec.items():
-        body = put(body, f"spec.{key}", value)
+    body = on_schedule(case.schedule, case.zone, **case.spec)
     return put(body, "metadata.creationTimestamp", case.created + "Z")
 
 

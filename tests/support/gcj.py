@@ -92,5 +92,13 @@ def put(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return result
 
 
+def on_schedule(schedule: str, zone: str | None, **spec: Any) -> dict[str, Any]:
+    """base_gcj() with `schedule` in `zone` (None: no timeZone) and other spec fields set."""
+    body = put(put(base_gcj(), "spec.schedule", schedule), "spec.timeZone", DELETE if zone is None else zone)
+    for key, value in spec.items():
+        body = put(body, f"spec.{key}", value)
+    return body
+
+
 def build(obj: dict[str, Any], settings: OperatorSettings = DEFAULT_SETTINGS) -> dict[str, Any]:
     return build_cronjob(parse_guarded_cronjob(obj), settings)

@@ -9,9 +9,7 @@ it has no run) 11 minutes after it.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -425,21 +423,6 @@ def test_every_guard_keeps_slot_claims_the_days_the_operator_relies_on() -> None
         for container in [*pod.get("initContainers", ()), *pod["containers"]]:
             assert not any(str(arg).startswith("--retain-days") for arg in container.get("args") or ())
 
-
-@pytest.fixture
-def closed_kubeconfig(tmp_path: Path) -> Path:
-    """A cluster nobody listens on: any request would exit 69, not 64."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
-    return path
 
 
 @pytest.mark.parametrize("dry_run", [(), ("--dry-run",)], ids=["set", "dry-run"])

@@ -4,9 +4,7 @@ request (the API server in these kubeconfigs is a closed port: reaching it would
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -51,20 +49,6 @@ def spec_accepts_name(name: str) -> bool:
 def test_name_is_accepted_exactly_when_the_spec_accepts_it(name: str) -> None:
     assert (name_problems(name, None) == []) == spec_accepts_name(name)
 
-
-@pytest.fixture
-def closed_kubeconfig(tmp_path: Path) -> Path:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
-    return path
 
 
 # A backfill range of yesterday: inside the age a backfill may reach (the guard's claims).

@@ -17,7 +17,7 @@ import pytest
 from guardedcron.spec import ParsedSpec, parse_guarded_cronjob
 from guardedcron.status import alert_deadlines
 from guardedcron.status.deadlines import next_slot_due, success_overdue_at
-from tests.support.gcj import DELETE, base_gcj, put
+from tests.support.gcj import on_schedule
 
 GRACE = timedelta(minutes=11)
 LONG_AGO = datetime(2025, 1, 1, tzinfo=UTC)
@@ -28,11 +28,7 @@ def z(text: str) -> datetime:
 
 
 def parsed(schedule: str, zone: str | None, **spec: Any) -> ParsedSpec:
-    body = put(base_gcj(), "spec.schedule", schedule)
-    body = put(body, "spec.timeZone", DELETE if zone is None else zone)
-    for key, value in spec.items():
-        body = put(body, f"spec.{key}", value)
-    return parse_guarded_cronjob(body)
+    return parse_guarded_cronjob(on_schedule(schedule, zone, **spec))
 
 
 # (schedule, zone, the newest slot that started, expected next slot due)
