@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from guardedcron import contract
 from guardedcron.guard.migrations import migrate
 from guardedcron.spec.locks import namespace_lock
 from guardedcron_devenv.postgres import ThrowawayPostgres
@@ -47,6 +48,7 @@ from tests.e2e.harness import (
     Scenario,
     WorkDb,
     guarded_cronjob,
+    job_finished,
     workload_container,
 )
 from tests.e2e.operator_process import OperatorProcess
@@ -94,6 +96,13 @@ def winning_runs(db: WorkDb, lock: str) -> dict[int, int]:
     rows = db.query("SELECT slot, count(*) FROM guardedcron.runs WHERE lock_name = %s AND fence IS"
                     " NOT NULL AND outcome <> 'skipped' AND slot IS NOT NULL GROUP BY slot", (lock,))
     return {int(slot): int(count) for slot, count in rows}
+
+
+def gcj_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    gcj = cluster.get(f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{namespace}/"
+                      f"{contract.PLURAL}/{name}") or {}
+    status: dict[str, Any] = gcj.get("status") or {}
+    return status
 
 
 def missed_events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -326,6 +335,38 @@ def test_every_slot_runs_once_or_is_reported_missed(
     for name in ("database", "long", "manual"):
         assert [verdict(name, o) for o in (0, 1, 2)] == ["ran once", "reported missed", "ran once"], name
     assert [verdict("controllers", o) for o in (2, 3, 4)] == ["ran once", "reported missed", "ran once"]
+
+    # One slot as each operator's status tells it: the winner's run Succeeded, the loser's
+    # Skipped naming the winner's holder and fence, its Job removed (no Failed Job left for
+    # generic alerting), the per-run Events Normal as the API server stores them.
+    early = rows["early"]
+    job = slot_job(early.name, a)
+    runs = {c.name: wait_for(f"{job} final in {c.name}'s status", lambda c=c: next((
+        run for run in gcj_status(c, early.namespace, early.name).get("recentRuns") or []
+        if run["job"] == job and "finishedAt" in run), None), timeout=60) for c in both}
+    [winner] = [c for c in both if runs[c.name]["outcome"] == "Succeeded"]
+    [loser] = [c for c in both if c is not winner]
+    won, skipped = runs[winner.name], runs[loser.name]
+    assert (skipped["outcome"], skipped["holder"], skipped["fence"], skipped["slot"]) == (
+        "Skipped", won["holder"], won["fence"], a), (won, skipped)
+    assert won["holder"].startswith(f"{winner.name}/") and won["manual"] is False, won
+    wait_for(f"{loser.name}'s operator removes the skipped Job {job}",
+             lambda: loser.job(early.namespace, job) is None, timeout=60)
+    assert [j["metadata"]["name"] for j in loser.jobs(early.namespace) if job_finished(j) == "Failed"] == []
+    for cluster, reason in ((winner, "RunSucceeded"), (loser, "RunSkipped")):
+        [event] = [e for e in cluster.api.get(f"/api/v1/namespaces/{early.namespace}/events")["items"]
+                   if e["reason"] == reason and f" {job} " in e["message"]]
+        assert event["type"] == "Normal" and event["involvedObject"]["kind"] == "GuardedCronJob", event
+    # Suspended through the GuardedCronJob: the operator passes it on to the CronJob.
+    for cluster in both:
+        cluster.kubectl("patch", contract.PLURAL, early.name, "-n", early.namespace, "--type=merge",
+                        "-p", '{"spec": {"suspend": true}}')
+    for cluster in both:
+        wait_for(f"{early.name} suspended in {cluster.name}", lambda c=cluster: (c.get(
+            f"/apis/batch/v1/namespaces/{early.namespace}/cronjobs/{early.name}") or {}).get(
+            "spec", {}).get("suspend") is True and any(
+            cond["type"] == "MissedRun" and cond["reason"] == "Suspended"
+            for cond in gcj_status(c, early.namespace, early.name).get("conditions") or []), timeout=60)
 
     # A report is the condition's transition (its Event) and the counter, in each cluster.
     for row in rows.values():

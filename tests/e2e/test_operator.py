@@ -8,7 +8,6 @@ the end that the API server refused the operator nothing.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,16 +18,12 @@ from guardedcron import contract
 from tests.e2e.harness import (
     EAST,
     FAILURE_LOGS,
-    WEST,
     Cluster,
     Scenario,
-    current_slot,
     first_difference,
     guarded_cronjob,
     job_condition,
-    job_finished,
     lock_of,
-    slot_job_name,
     termination_json,
     wait_for,
     workload_container,
@@ -221,77 +216,6 @@ def test_guarded_cronjob_becomes_its_cronjob_and_runs_report_status(
 
 
 # --- two clusters, one database, with status -------------------------------------------
-
-
-def test_two_clusters_fire_one_slot_and_status_names_the_winner(
-    operator_scenario: Scenario, clusters: dict[str, Cluster],
-    operators: dict[str, OperatorProcess],
-) -> None:
-    both = [clusters[EAST], clusters[WEST]]
-    namespace = operator_scenario.namespace("twin-op", both)
-    manifest = guarded_cronjob(NAME, namespace, lease={"heartbeat": True})
-    if time.time() % 60 > 50:  # both CronJobs must first fire the same minute
-        time.sleep(61 - time.time() % 60)
-    for cluster in both:
-        create_gcj(cluster, manifest)
-    for cluster in both:
-        wait_cronjob(cluster, namespace)
-    slot = current_slot() + 1
-    scheduled = slot_job_name(NAME, slot)
-    for cluster in both:  # the loser's Job may be gone already: its skip is then in status
-        wait_for(f"the cronjob controller of {cluster.name} creates {scheduled}",
-                 lambda c=cluster: c.job(namespace, scheduled)
-                 or run_in_status(status_of(c, namespace), scheduled), timeout=100, interval=1)
-    # Suspended through the GuardedCronJob: the operator passes it on to the CronJob.
-    for cluster in both:
-        cluster.kubectl("patch", contract.PLURAL, NAME, "-n", namespace, "--type=merge",
-                        "-p", '{"spec": {"suspend": true}}')
-
-    # Each cluster's status settles the slot: one Succeeded, the other Skipped.
-    by_name = {c.name: c for c in both}
-    settled = {c.name: wait_status(c, namespace, f"{scheduled} final", lambda s: any(
-        final_run(scheduled, outcome)(s) for outcome in ("Succeeded", "Skipped"))) for c in both}
-    [winner] = [name for name, s in settled.items() if final_run(scheduled, "Succeeded")(s)]
-    [loser] = [name for name in settled if name != winner]
-    won = termination_json(by_name[winner].pod_of(namespace, scheduled), contract.GUARD_CONTAINER)
-    # The skip is in the loser's status, and its Job is gone: no Failed Job is left for
-    # generic alerting (kube-state-metrics' kube_job_status_failed) nor in the history.
-    wait_for(f"{loser}'s operator removes the skipped Job {scheduled}",
-             lambda: by_name[loser].job(namespace, scheduled) is None, timeout=STATUS_TIMEOUT)
-    failed_jobs = [j["metadata"]["name"] for j in by_name[loser].jobs(namespace)
-                   if job_finished(j) == "Failed"]
-    assert failed_jobs == [], failed_jobs
-    # The per-run Events, as the real API server stores them: Normal, one per run.
-    for cluster, reason in ((winner, "RunSucceeded"), (loser, "RunSkipped")):
-        [event] = wait_for(f"the {reason} Event in {cluster}", lambda c=cluster, r=reason: [
-            e for e in by_name[c].api.get(f"/api/v1/namespaces/{namespace}/events")["items"]
-            if e["reason"] == r], timeout=STATUS_TIMEOUT)
-        assert event["type"] == "Normal" and scheduled in event["message"], event
-        assert event["involvedObject"]["kind"] == "GuardedCronJob", event
-
-    winner_status = wait_status(by_name[winner], namespace, f"{scheduled} Succeeded",
-                                final_run(scheduled, "Succeeded"))
-    loser_status = wait_status(by_name[loser], namespace, f"{scheduled} Skipped",
-                               final_run(scheduled, "Skipped"))
-    ran = run_in_status(winner_status, scheduled)
-    skipped = run_in_status(loser_status, scheduled)
-    assert ran is not None and skipped is not None
-    assert ran["holder"] == won["holder"] and ran["fence"] == won["fence"]
-    assert ran["slot"] == slot and ran["manual"] is False
-    # The skipped run names who ran the slot, and with which fence.
-    assert skipped["holder"] == won["holder"] and skipped["fence"] == won["fence"]
-    assert skipped["slot"] == slot
-    assert winner_status["runCounts"]["succeeded"] == 1
-    assert loser_status["runCounts"]["skipped"] == 1
-    for cluster in both:
-        wait_status(cluster, namespace, "suspended",
-                    lambda s: condition(s, "MissedRun")["reason"] == "Suspended")
-        assert cluster.get(cronjob_path(namespace))["spec"]["suspend"] is True  # type: ignore[index]
-    lock = lock_of(manifest)
-    assert operator_scenario.db.duplicated_keys(lock) == {}
-    assert [r.dedupe_key for r in operator_scenario.db.work(lock)] == [
-        dedupe_key_for(slot, None, item) for item in (1, 2, 3)]
-    assert_no_refusals(operators)
 
 
 # --- drift and deletion -------------------------------------------------------------------

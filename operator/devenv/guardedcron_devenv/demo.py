@@ -26,17 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from guardedcron.contract import (
+    API_GROUP,
+    API_VERSION,
     ENV_DSN,
-    GUARD_CONTAINER,
-    KEY_FENCE,
-    KEY_HOLDER,
-    KEY_OUTCOME,
-    KEY_REASON,
-    LABEL_NAME,
+    PLURAL,
     RUN_DIR,
     AcquireReason,
-    GuardOutcome,
 )
+from guardedcron.status.runs import SLOT_CLAIMED_WORDS
 from guardedcron_devenv.admin_api import AdminApi, ApiError
 from guardedcron_devenv.controlplane import ControlPlane
 from guardedcron_devenv.demo_workload import INVOICE_TABLE
@@ -48,6 +45,7 @@ JOB = "nightly-invoices"
 WORKLOAD_IMAGE = "guardedcron-demo/invoices:1"
 REPO = Path(__file__).resolve().parents[3]
 Say = Callable[[str], None]
+GCJ_PATH = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{NAMESPACE}/{PLURAL}/{JOB}"
 
 
 def demo_guarded_cronjob() -> dict[str, Any]:
@@ -170,42 +168,30 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def describe_run(cluster: Cluster, job: dict[str, Any]) -> str | None:
-    """One line for a finished Job, from its pod's guard termination message."""
-    name = job["metadata"]["name"]
-    done = {c["type"] for c in job.get("status", {}).get("conditions", []) if c["status"] == "True"}
-    if not done & {"Complete", "Failed"}:
+def describe_run(cluster: Cluster, run: dict[str, Any]) -> str | None:
+    """One line for a finished run, as the GuardedCronJob's status records it (a skipped
+    run's Job is removed once recorded, so the status is where every run ends up)."""
+    if "finishedAt" not in run:
         return None
-    pods = cluster.api.get(
-        f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"batch.kubernetes.io/job-name={name}"
-    )["items"]
-    guard: dict[str, Any] = {}
-    for pod in pods:
-        for status in pod.get("status", {}).get("initContainerStatuses", []):
-            message = status.get("state", {}).get("terminated", {}).get("message")
-            if status["name"] == GUARD_CONTAINER and message:
-                with contextlib.suppress(ValueError):
-                    guard = json.loads(message)
-    if guard.get(KEY_OUTCOME) == GuardOutcome.ACQUIRED:
-        if "Complete" in done:
-            return f"{name}: guard won the lease with fence {guard.get(KEY_FENCE)} -> workload Succeeded"
+    name, outcome, fence = run["job"], run["outcome"], run.get("fence")
+    if outcome == "Skipped":
+        # The other cluster's run is either still holding the lease or already done with
+        # this minute (it ended before this guard asked): both turn this run away.
+        claimed = SLOT_CLAIMED_WORDS in run["reason"]
+        why = AcquireReason.SLOT_CLAIMED if claimed else AcquireReason.LEASE_HELD
+        verb = "ran this slot with" if claimed else "holds"
+        return f"{name}: Skipped -- {why}: {run.get('holder')} {verb} fence {fence}"
+    if outcome == "Succeeded":
+        return f"{name}: guard won the lease with fence {fence} -> workload Succeeded"
+    if fence is not None and outcome in ("Failed", "TimedOut"):
+        pods = cluster.api.get(
+            f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"batch.kubernetes.io/job-name={name}"
+        )["items"]
         output = "".join(
             cluster.kubelet.container_log(NAMESPACE, p["metadata"]["name"], "task") for p in pods
         )
-        return (
-            f"{name}: guard won the lease with fence {guard.get(KEY_FENCE)} -> workload Failed:\n"
-            f"{output[-1500:]}"
-        )
-    if guard.get(KEY_OUTCOME) == GuardOutcome.SKIPPED:
-        # The other cluster's run is either still holding the lease or already done with
-        # this minute (it ended before this guard asked): both turn this run away.
-        verb = "ran this slot with" if guard.get(KEY_REASON) == AcquireReason.SLOT_CLAIMED else "holds"
-        return (
-            f"{name}: Skipped -- {guard.get(KEY_REASON)}: {guard.get(KEY_HOLDER)} "
-            f"{verb} fence {guard.get(KEY_FENCE)}"
-        )
-    verdict = "Complete" if "Complete" in done else "Failed"
-    return f"{name}: {verdict} ({guard.get('reason', 'no guard message')})"
+        return f"{name}: guard won the lease with fence {fence} -> workload {outcome}:\n{output[-1500:]}"
+    return f"{name}: {outcome} ({run['reason']})"
 
 
 def run_demo(*, slots: int | None, say: Say = print, stop: threading.Event | None = None) -> int:
@@ -255,15 +241,13 @@ def watch(
                 )
                 return 1
             try:
-                jobs = cluster.api.get(
-                    f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", labelSelector=f"{LABEL_NAME}={JOB}"
-                )["items"]
+                gcj = cluster.api.get(GCJ_PATH)
             except ApiError as exc:
-                say(f"[{cluster.name}] cannot list jobs: {exc}")
+                say(f"[{cluster.name}] cannot read the GuardedCronJob: {exc}")
                 continue
-            for job in jobs:
-                name = job["metadata"]["name"]
-                line = None if name in cluster.reported else describe_run(cluster, job)
+            for run in (gcj.get("status") or {}).get("recentRuns") or []:
+                name = run["job"]
+                line = None if name in cluster.reported else describe_run(cluster, run)
                 if line is None:
                     continue
                 cluster.reported.add(name)
