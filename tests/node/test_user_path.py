@@ -22,6 +22,7 @@ from tests.node.cluster import NODE_TEST_TIMEOUT_SECONDS, POD_SUBNET, NodeCluste
 from tests.node.user_path import (
     RESTRICTED,
     SYSTEM_NAMESPACE,
+    WORKLOAD_CONTAINER,
     UserPath,
     build_workload_image,
     guarded_cronjob,
@@ -383,8 +384,6 @@ def test_the_standby_operator_takes_over_when_the_active_one_is_killed(user_path
         "SELECT slot, count(*) FROM guardedcron.runs WHERE lock_name = %s AND outcome <> 'skipped'"
         " GROUP BY slot", (lock,)))  # fmt: skip
     assert {slot: won.get(slot, 0) for slot in slots} == dict.fromkeys(slots, 1), won
-    rows = user_path.query("SELECT dedupe_key, count(*) FROM e2e_work WHERE lock = %s GROUP BY 1", (lock,))
-    assert rows and all(count == 1 for _, count in rows), rows
 
     def every_slot_succeeded() -> dict[str, Any] | None:
         status = user_path.gcj_status(namespace, "ha")
@@ -393,6 +392,11 @@ def test_the_standby_operator_takes_over_when_the_active_one_is_killed(user_path
         return status if set(slots) <= done else None
 
     status = wait_for("status records every slot Succeeded", every_slot_succeeded, timeout=120)
+    rows = user_path.query("SELECT dedupe_key, count(*) FROM e2e_work WHERE lock = %s GROUP BY 1", (lock,))
+    pods = [p["metadata"]["name"] for p in user_path.get("pods", "-n", namespace)["items"]]
+    logs = {pod: user_path.kubectl("logs", pod, "-c", WORKLOAD_CONTAINER, "-n", namespace).stdout[-500:]
+            for pod in pods}
+    assert len(rows) == 3 * len(slots) and all(count == 1 for _, count in rows), (rows, logs)
     [missed] = [c for c in status["conditions"] if c["type"] == "MissedRun"]
     assert missed["status"] != "True", missed
     assert not user_path.events(namespace, "MissedRun")

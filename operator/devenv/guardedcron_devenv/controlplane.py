@@ -58,7 +58,8 @@ CONTROLLERS: Final = (
 
 # With a real node: Services route to pods (endpoints), the chart's Deployment makes
 # ReplicaSets and pods, finished pods of deleted owners are collected, and the node
-# lifecycle controller lifts the not-ready taint a kubelet registers with.
+# lifecycle controller lifts the not-ready taint a kubelet registers with; resource
+# quotas are counted.
 NODE_CONTROLLERS: Final = (
     "node-lifecycle-controller",
     "endpointslice-controller",
@@ -66,6 +67,7 @@ NODE_CONTROLLERS: Final = (
     "deployment-controller",
     "replicaset-controller",
     "pod-garbage-collector-controller",
+    "resourcequota-controller",
 )
 
 STOP_GRACE_SECONDS: Final = 10.0
