@@ -357,8 +357,10 @@ def test_the_standby_operator_takes_over_when_the_active_one_is_killed(user_path
     wait_for("the quota counts the operator pods", lambda: user_path.get(
         "resourcequota", "no-replacement", "-n", SYSTEM_NAMESPACE).get("status", {}).get("used"), timeout=60)
     try:
-        # Killed, not stopped: no grace, so it cannot leave the peering object in good order;
-        # for a moment its process may still run beside the standby's.
+        # Deleted with --force and no grace: its API object goes at once. The kubelet still
+        # gives the container its minimum grace, in which kopf may leave the peering object
+        # (then the standby resumes at once); without that goodbye it waits out the peering
+        # lifetime.
         killed_at = time.monotonic()
         user_path.kubectl("delete", "pod", active["metadata"]["name"], "-n", SYSTEM_NAMESPACE,
                           "--grace-period=0", "--force")  # fmt: skip
