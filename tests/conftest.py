@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import compileall
+import json
+import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -88,3 +90,19 @@ def proxied_empty(empty_dsn: str, toxiproxy: Toxiproxy) -> Iterator[Proxied]:
     """The same in front of a database without the schema."""
     with proxy_in_front(toxiproxy, empty_dsn) as pair:
         yield pair
+
+
+@pytest.fixture
+def closed_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig for a cluster nobody listens on: any request would exit 69, not 64."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    return path
