@@ -1,4 +1,5 @@
-"""Fixtures shared by every suite: a real, throwaway PostgreSQL server."""
+"""Fixtures shared by every suite: a real, throwaway PostgreSQL server, and a kubeconfig
+for a cluster nobody listens on."""
 
 from __future__ import annotations
 
