@@ -67,7 +67,7 @@ RENEWALS_PER_LEASE: Final = 3
 # an in-flight fenced write of the previous holder, so it gets that plus 5 s.
 ACQUIRE_CALL_SECONDS: Final = 10.0
 HOLDER_CALL_SECONDS: Final = 5.0  # renew, release
-KEEPER_STOP_SECONDS: Final = 2.0  # SIGTERM to exit, in every state of the keeper
+KEEPER_STOP_SECONDS: Final = 8.0  # SIGTERM to exit, in every state of the keeper
 ADMIN_CALL_SECONDS: Final = 60.0  # db migrate, db status, runs: all their statements together
 
 # --- labels and annotations

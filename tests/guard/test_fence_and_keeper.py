@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from guardedcron.contract import KEEPER_STOP_SECONDS
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.errors import StaleFenceError
 from guardedcron.guard.fence import check_fence, read_fence, read_lease
@@ -199,6 +200,30 @@ def test_a_keeper_stopped_as_soon_as_it_says_ready_releases_the_lease(dsn: str, 
     assert ready.read_text().strip() == str(keeper.pid)
     assert lease_until(dsn, "job")[3] is False
     assert run_cli(["acquire", "--lock", "job", "--holder", "b", "--lease-seconds", "5"], dsn=dsn).code == 0
+
+
+def test_a_keeper_whose_connection_was_cut_releases_over_a_new_one(dsn: str, tmp_path: Path) -> None:
+    # The release first tries the last renewal's connection; when that one is dead (the
+    # server ended it, a proxy dropped it) a new connection must carry the release, or the
+    # next run would find the lease held for up to a whole lease.
+    out = acquire_as_a(dsn, tmp_path, "30")
+    keeper = start_keeper(dsn, out, "30")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            deadline = time.monotonic() + 30
+            while not admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                    " WHERE application_name = 'guardedcron' AND state = 'idle'"
+                                    " AND query LIKE '%renew%'").fetchall():
+                assert keeper.poll() is None and time.monotonic() < deadline, keeper.communicate()
+                time.sleep(0.05)
+        keeper.send_signal(signal.SIGTERM)
+        _, stderr = keeper.communicate(timeout=KEEPER_STOP_SECONDS + 10)
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+    assert keeper.returncode == 0, stderr
+    assert "release failed" in stderr and "released lock job" in stderr, stderr
+    assert lease_until(dsn, "job")[3] is False
 
 
 def test_a_keeper_paused_past_its_lease_calls_it_lost_on_waking(dsn: str, tmp_path: Path) -> None:

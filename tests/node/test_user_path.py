@@ -37,9 +37,9 @@ from tests.support import REPO
 # The last chart that landed before lock names changed the CRD (spec.lease.sharedLock).
 PREVIOUS_CHART = "9217f81"
 UPGRADED_NAMESPACE = "team-upgrade"
-# The keeper's release bound (contract.KEEPER_STOP_SECONDS, 2 s) plus the kubelet noticing
-# the workload ended and stopping its sidecar, on a busy 2-core machine.
-RELEASED_WITHIN_SECONDS = 10.0
+# The keeper's release bound (contract.KEEPER_STOP_SECONDS) plus the kubelet noticing the
+# workload ended and stopping its sidecar, on a busy 2-core machine.
+RELEASED_WITHIN_SECONDS = contract.KEEPER_STOP_SECONDS + 8.0
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(NODE_TEST_TIMEOUT_SECONDS)]
 
@@ -257,9 +257,7 @@ def test_an_unreachable_database_is_a_guard_error_and_a_missed_run(user_path: Us
 
 EXAMPLE = REPO / "examples" / "nightly-invoices.yaml"
 # What the example's image runs: its command, relative to the image's working folder /.
-# Ten seconds: well inside the 60 s lease, and past the keeper's first renewal, whose
-# connection the release then reuses (a workload that ends while that first connection
-# is still being made can leave the lease to run out: docs/design.md, "Run-or-report").
+# Ten seconds: well inside the 60 s lease, and past the keeper's first renewal.
 RUN_TASK = b"#!/bin/sh\necho \"task $*\"\nsleep 10\n"
 
 
@@ -293,11 +291,13 @@ def test_the_readme_example_applied_unchanged_frees_its_lease_when_the_run_ends(
         [(released_at,)] = user_path.query(
             "SELECT released_at FROM guardedcron.leases WHERE lock_name = %s AND fence = %s",
             (lock, guard["fence"]))  # fmt: skip
-        assert released_at is not None, "the lease was not released"
+        keeper_log = user_path.kubectl("logs", pod["metadata"]["name"], "-c", contract.KEEPER_CONTAINER,
+                                       "-n", namespace).stdout  # fmt: skip
+        assert released_at is not None, f"the lease was not released; the keeper said:\n{keeper_log}"
         # finishedAt has whole seconds: the release may show up to a second "before" it.
         after = (released_at - ended).total_seconds()
         print(f"{job}: lease released {after:.1f} s after the workload ended")
-        assert -1.0 <= after <= RELEASED_WITHIN_SECONDS, after
+        assert -1.0 <= after <= RELEASED_WITHIN_SECONDS, (after, keeper_log)
         user_path.wait_last_run(namespace, name, job, "Succeeded")
     # The per-run Events, as the real API server stores them: Normal, one per run.
     succeeded = user_path.events(namespace, "RunSucceeded")
@@ -396,7 +396,13 @@ def test_the_standby_operator_takes_over_when_the_active_one_is_killed(user_path
                 if run.get("outcome") == "Succeeded" and "finishedAt" in run}
         return status if set(slots) <= done else None
 
-    status = wait_for("status records every slot Succeeded", every_slot_succeeded, timeout=120)
+    try:
+        status = wait_for("status records every slot Succeeded", every_slot_succeeded, timeout=120)
+    except AssertionError as timed_out:
+        runs = user_path.gcj_status(namespace, "ha").get("recentRuns")
+        jobs = {j["metadata"]["name"]: j.get("status") for j in user_path.get("jobs", "-n", namespace)["items"]}
+        raise AssertionError(f"{timed_out}: slots {list(slots)}; recentRuns {runs}; Jobs {jobs}; "
+                             f"operator log: {user_path.operator_logs()[-3000:]}") from None
     rows = user_path.query("SELECT dedupe_key, count(*) FROM e2e_work WHERE lock = %s GROUP BY 1", (lock,))
     pods = [p["metadata"]["name"] for p in user_path.get("pods", "-n", namespace)["items"]]
     logs = {pod: user_path.kubectl("logs", pod, "-c", WORKLOAD_CONTAINER, "-n", namespace).stdout[-500:]

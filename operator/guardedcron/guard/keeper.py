@@ -72,6 +72,10 @@ RETRY_SECONDS = 1.0
 # Of KEEPER_STOP_SECONDS (SIGTERM to exit, in every state), the release gets what is left
 # minus the time the process needs to exit; after that the lease runs out by itself.
 EXIT_RESERVE_SECONDS = 0.5
+# The share of the release's time for the last renewal's connection before a new one is
+# tried, and the least time worth an attempt.
+REUSED_RELEASE_SHARE = 0.3
+MIN_RELEASE_ATTEMPT_SECONDS = 0.5
 # Recording a loss in the run history is best effort: the marker is already written.
 MARK_LOST_SECONDS = 2.0
 RECORD_SHARE_OF_MARGIN = 0.25
@@ -304,27 +308,32 @@ class Keeper:
     def _release_lease(self) -> int:
         req = self.request
         by = self._release_by()
-        call = self._start(
-            lambda conn: lease_ops.release(
-                conn,
-                req.lock,
-                req.holder,
-                req.fence,
-                ReleaseOutcome.FINISHED.value,
-                "released by the keeper after the workload stopped",
-            ),
-            by - time.monotonic(),
-        )
-        if not self._wait(call, by, stop_ends_wait=False):
-            self._log(
-                f"release got no answer within {KEEPER_STOP_SECONDS:g} s of SIGTERM; "
-                "the lease runs out by itself"
-            )
-            return EXIT_OK
-        state = self._finish(call)
-        if state is None:
+
+        def release(conn: Connection) -> lease_ops.LeaseState:
+            return lease_ops.release(conn, req.lock, req.holder, req.fence, ReleaseOutcome.FINISHED.value,
+                                     "released by the keeper after the workload stopped")
+
+        state: lease_ops.LeaseState | None = None
+        # The last renewal's connection answers in milliseconds when it is sound; a part of
+        # the bound for it, then the rest on a new connection (a cut or hung one, a starved
+        # first connect). A release that arrives twice is harmless: it is fenced.
+        attempts = [time.monotonic() + (by - time.monotonic()) * REUSED_RELEASE_SHARE, by] \
+            if self._conn is not None else [by]
+        for until in attempts:
+            if until - time.monotonic() < MIN_RELEASE_ATTEMPT_SECONDS:
+                break
+            seconds = until - time.monotonic()
+            call = self._start(release, seconds)
+            if not self._wait(call, until, stop_ends_wait=False):
+                self._log(f"release got no answer within {seconds:.1f} s")
+                continue
+            state = self._finish(call)
+            if state is not None:
+                break
             assert call.error is not None
-            self._log(f"release failed; the lease runs out by itself: {self._describe(call.error)}")
+            self._log(f"release failed: {self._describe(call.error)}")
+        if state is None:
+            self._log(f"no release within {KEEPER_STOP_SECONDS:g} s of SIGTERM; the lease runs out by itself")
             return EXIT_OK
         if not state.ok:
             self._log(f"nothing to release: lease now held by {state.holder} (fence {state.fence})")
