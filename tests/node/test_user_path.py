@@ -400,7 +400,8 @@ def test_the_standby_operator_takes_over_when_the_active_one_is_killed(user_path
         status = wait_for("status records every slot Succeeded", every_slot_succeeded, timeout=120)
     except AssertionError as timed_out:
         runs = user_path.gcj_status(namespace, "ha").get("recentRuns")
-        jobs = {j["metadata"]["name"]: j.get("status") for j in user_path.get("jobs", "-n", namespace)["items"]}
+        jobs = {j["metadata"]["name"]: j.get("status")
+                for j in user_path.get("jobs", "-n", namespace)["items"]}
         raise AssertionError(f"{timed_out}: slots {list(slots)}; recentRuns {runs}; Jobs {jobs}; "
                              f"operator log: {user_path.operator_logs()[-3000:]}") from None
     rows = user_path.query("SELECT dedupe_key, count(*) FROM e2e_work WHERE lock = %s GROUP BY 1", (lock,))
