@@ -32,8 +32,8 @@ from guardedcron_devenv.postgres import ThrowawayPostgres
 Connection = psycopg.Connection[tuple[Any, ...]]
 
 REPO = Path(__file__).resolve().parent.parent
-# "Before" in the side-by-side figures of issue 10: the last commit before its fixes landed.
-BEFORE_COMMIT = "3ae2c10"
+# The cold start's default "before": the last commit, so a run shows what the working tree changes.
+BEFORE_COMMIT = "HEAD"
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,11 @@ Usage, from the repository root:
     .venv/bin/python bench/operator_scale.py --api emulator --objects 1000
     .venv/bin/python bench/operator_scale.py --objects 1000 --profile /tmp/prof   # cProfile
     nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1000 --code 4c0f2a1  # older code
-    nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1500 --heap /tmp/heap  # tracemalloc
 
 With `--profile DIR` the operator runs under cProfile and writes DIR/first.prof and
 DIR/restart.prof (CPU figures then include the profiler's own cost). With `--code COMMIT`
 the operator runs that commit's operator/ folder (taken with git archive), for a
-before/after on the same control plane set-up. With `--heap DIR` the operator runs with
-tracemalloc on (bench/heap_probe.py) and dumps its heap once all objects are Ready and
-once the restart is over (DIR/first, DIR/restart; read with bench/heap_report.py); its
-CPU and RSS figures then include tracemalloc's own cost.
+before/after on the same control plane set-up.
 """
 
 from __future__ import annotations
@@ -59,7 +55,6 @@ from guardedcron_devenv.controlplane import ControlPlane, free_port  # noqa: E40
 
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
 RESUMED = "Resuming is processed"
-HEAP_FRAMES = int(os.environ.get("BENCH_HEAP_FRAMES", "12"))  # per trace; 0: census alone
 # The operator's allocator, by name: the chart's environment, or one of the two before it.
 ALLOCATORS = ("chart", "glibc", "pymalloc")
 SETTLE_SECONDS = 3.0  # after the last object: late writes would show in the counts
@@ -99,10 +94,8 @@ class Operator:
     the allocator's environment `allocator_env(allocator)` gives it."""
 
     def __init__(self, kubeconfig: Path, log: Path, profile: Path | None,
-                 code: Tree | None, heap: Path | None = None, allocator: str = "chart") -> None:
+                 code: Tree | None, allocator: str = "chart") -> None:
         self.log = log
-        self.heap = heap
-        self.heap_dumps = 0
         base = code.env() if code is not None else dict(os.environ)
         for name in ALLOCATOR_ENV:
             base.pop(name, None)
@@ -117,9 +110,6 @@ class Operator:
         if profile is not None:
             self.command = [sys.executable, "-m", "cProfile", "-o", str(profile),
                             "-m", "guardedcron", "operator", "--standalone"]
-        if heap is not None:
-            self.command = [sys.executable, str(REPO / "bench" / "heap_probe.py"), str(heap),
-                            str(HEAP_FRAMES), "operator", "--standalone"]
 
     async def __aenter__(self) -> Operator:
         with self.log.open("w") as log:
@@ -153,22 +143,12 @@ class Operator:
     def cpu(self) -> float:
         return cpu_seconds(self.process.pid)
 
-    async def dump_heap(self) -> None:
-        """With --heap: have bench/heap_probe.py dump the operator's heap, and wait for it."""
-        if self.heap is None:
-            return
-        self.heap_dumps += 1
-        done = self.heap / f"{self.heap_dumps}.done"
-        self.process.send_signal(signal.SIGUSR2)
-        await wait_for(done.exists, f"heap dump {done}", 600)
-
     def rss(self) -> tuple[float, float]:
         return rss_mib(self.process.pid)
 
 
 async def measure(target: Target, objects: int, namespaces: int, phase_seconds: float,
-                  workdir: Path, profile: Path | None, code: Tree | None,
-                  heap: Path | None = None, allocator: str = "chart",
+                  workdir: Path, profile: Path | None, code: Tree | None, allocator: str = "chart",
                   steady_seconds: float = STEADY_SECONDS) -> dict[str, Any]:
     await target.seed([gcj(i, namespaces) for i in range(objects)])
     load_at_start = os.getloadavg()[0]
@@ -176,13 +156,10 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
     def profile_file(name: str) -> Path | None:
         return None if profile is None else profile / f"{name}.prof"
 
-    def heap_dir(name: str) -> Path | None:
-        return None if heap is None else heap / name
-
     # --- first start: every object is new
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "first.log", profile_file("first"),
-                        code, heap_dir("first"), allocator) as op:
+                        code, allocator) as op:
         applied_s = await wait_for(lambda: target.applied() >= objects, "every CronJob applied",
                                    phase_seconds)
         ready_s = applied_s + await wait_for(lambda: target.ready() >= objects, "every status Ready",
@@ -194,12 +171,11 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         rss, peak = op.rss()
         await asyncio.sleep(steady_seconds)
         steady, _ = op.rss()
-        await op.dump_heap()
 
     # --- restart over up-to-date objects: an idle resync
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "restart.log", profile_file("restart"),
-                        code, heap_dir("restart"), allocator) as op:
+                        code, allocator) as op:
         resumed_s = await wait_for(lambda: op.resumed() >= objects, "every object resumed",
                                    phase_seconds)
         cpu_restart = op.cpu()
@@ -209,7 +185,6 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
         idle_rss, idle_peak = op.rss()
         await asyncio.sleep(steady_seconds)
         idle_steady, _ = op.rss()
-        await op.dump_heap()
 
     return {
         "objects": objects,
@@ -246,7 +221,7 @@ def control_plane(keep_logs: Path) -> Iterator[ControlPlane]:
 
 async def run(options: argparse.Namespace, workdir: Path, code: Tree | None) -> dict[str, Any]:
     args = (options.objects, options.namespaces, options.timeout, workdir, options.profile, code,
-            options.heap, options.allocator, options.steady)
+            options.allocator, options.steady)
     if options.api == "emulator":
         async with Emulator(workdir) as emulator:
             return {"api": "emulator", **await measure(emulator, *args)}
@@ -262,8 +237,6 @@ def main() -> None:
     parser.add_argument("--namespaces", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
     parser.add_argument("--profile", type=Path, help="run the operator under cProfile, files here")
-    parser.add_argument("--heap", type=Path,
-                        help="trace the operator's memory (tracemalloc), heap dumps here")
     parser.add_argument("--code", help="run this commit's operator code instead of the working tree's")
     parser.add_argument("--allocator", choices=ALLOCATORS, default="chart",
                         help="the operator's allocator: the chart's (jemalloc), glibc's or CPython's")

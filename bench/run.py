@@ -4,10 +4,9 @@
     .venv/bin/python -m bench.run --only lease cold     # some sections
     .venv/bin/python -m bench.run --out /tmp/bench.md   # also write the Markdown to a file
 
-Sections: lease (acquire before and after issue 10, and vs the peers' patterns),
-contention (100 connections, 20 processes), cold (guard cold start before and after, its
-phases and imports), history (a year of a one-minute job). "Before" is the code of
-`--before` (default: bench.common.BEFORE_COMMIT), from git, beside the working tree.
+Sections: lease (ours beside the peers' patterns: bench/lease_acquire.py), contention
+(100 connections, 20 processes), cold (the guard's cold start, the working tree beside
+the code of `--before`, taken from git), history (a year of a one-minute job).
 Benchmarks print figures; nothing here passes or fails.
 """
 
@@ -28,7 +27,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--out", type=Path, help="also write the Markdown here")
-    parser.add_argument("--before", default=BEFORE_COMMIT, help="the commit to compare the working tree with")
+    parser.add_argument("--before", default=BEFORE_COMMIT, help="cold section: the commit to compare with")
     parser.add_argument("--runs", type=int, default=30, help="cold section: runs of each version")
     args = parser.parse_args()
     out: list[str] = []
@@ -37,18 +36,19 @@ def main() -> int:
         print(text, flush=True)
         out.append(text)
 
-    with durable_server() as server, trees(args.before) as (before, after):
+    with durable_server() as server:
         emit(f"Machine: {machine_line(server)}\n")
         emit(f"Command: `.venv/bin/python -m bench.run {shlex.join(sys.argv[1:])}`\n")
         if "lease" in args.only:
-            for table in lease_acquire.run(server, before, after):
+            for table in lease_acquire.run(server):
                 emit(table.markdown())
         if "contention" in args.only:
             for table in contention.run(fresh_database(server, "contention")):
                 emit(table.markdown())
         if "cold" in args.only:
-            for table in cold_start.run(server, before, after, runs=args.runs):
-                emit(table.markdown())
+            with trees(args.before) as (before, after):
+                for table in cold_start.run(server, before, after, runs=args.runs):
+                    emit(table.markdown())
         if "history" in args.only:
             tables, plans = history_scale.run(fresh_database(server, "history"))
             for table in tables:

@@ -1,4 +1,4 @@
-"""The top of the minute (issue 13): 5,000 locks, each contended by 2 clusters at the same instant.
+"""The top of the minute: 5,000 locks, each contended by 2 clusters at the same instant.
 
 A fleet fires most of its jobs at the start of a minute, and every guarded job of every
 cluster asks the database at once. Here that is 10,000 acquire calls, one per pod, each on
@@ -10,8 +10,8 @@ before the instant: a pod's start and its connection are not the database's work
 connect phase is timed and reported apart). At the instant, every pod sends its call.
 
 Approaches, each on its own database of one durable server, one after the other:
-- schema 6 and schema 7: `acquire_v2` with the minute's slot, 60 s leases; every lock ran
-  the minute before (acquired and released), so every lease is free and each lock has a
+- guardedcron (the current schema): `acquire_v2` with the minute's slot, 60 s leases;
+  every lock ran the minute before (acquired and released), so every lease is free and each lock has a
   winner and a loser (`slot-claimed` or `lease-held`) whose attempt is recorded;
 - the insert-then-update pattern (two statements: the refused `INSERT`, then the `UPDATE ...
   WHERE lock_until <= now()`), no fence and no history.
@@ -24,8 +24,8 @@ answer latency (from each call's send, and from the instant), winners per lock (
 exactly 1), WAL bytes (`pg_current_wal_lsn()` over the storm, after a CHECKPOINT), the
 server's execution time per call (pg_stat_statements, top-level statements), and the load.
 
-    .venv/bin/python -m bench.storm                  # 5,000 locks x 2 clusters, schema 6, 7, the pattern
-    .venv/bin/python -m bench.storm --locks 1000 --only schema7
+    .venv/bin/python -m bench.storm                  # 5,000 locks x 2 clusters, ours then the pattern
+    .venv/bin/python -m bench.storm --locks 1000 --only guardedcron
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ from bench.common import (
     statements_since_reset,
     wal_lsn,
 )
-from bench.lease_acquire import schema_database
-from guardedcron.guard.migrations import LATEST_VERSION
+from bench.lease_acquire import database
 from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 
@@ -59,10 +58,9 @@ CLUSTERS = ("east", "west")
 LOCK_PREFIX = "storm/job-"
 CONNECT_AT_ONCE = 64  # connections a cluster process opens at a time before the storm
 START_MARGIN_S = 1.0  # from "every pod connected" to the instant
-APPROACHES = ("schema6", "schema7", "insert-then-update")
+APPROACHES = ("guardedcron", "insert-then-update")
 LABELS = {
-    "schema6": "guardedcron schema 6: acquire_v2",
-    "schema7": "guardedcron schema 7: acquire_v2",
+    "guardedcron": "guardedcron: acquire_v2",
     "insert-then-update": "insert-then-update (ShedLock JDBC pattern)",
 }
 ACQUIRE = "SELECT acquired, reason FROM guardedcron.acquire_v2(%s, %s, 60, 0, %s, 90, 10000)"
@@ -172,6 +170,7 @@ def prepare(admin_dsn: str, approach: str, locks: int, slot: int) -> None:
                         SELECT fence INTO f FROM guardedcron.acquire_v2(
                             '{LOCK_PREFIX}' || g, 'before', 60, 0, {int(slot) - 1}, 90, 10000);
                         PERFORM guardedcron.release_v2('{LOCK_PREFIX}' || g, 'before', f, 'succeeded', '');
+                        COMMIT;  -- one lock's run a transaction, as its guard would
                     END LOOP; END $$""".encode()
             )
         conn.execute("VACUUM ANALYZE")
@@ -285,7 +284,7 @@ def row(table: Table, result: Storm) -> None:
 
 def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str]) -> Table:
     table = Table(
-        f"Issue 13: the top of the minute, {locks:,} locks x {len(CLUSTERS)} clusters"
+        f"The top of the minute, {locks:,} locks x {len(CLUSTERS)} clusters"
         f" = {locks * len(CLUSTERS):,} acquire calls through PgBouncer (transaction mode, pool {pool_size})",
         [
             "approach",
@@ -310,10 +309,8 @@ def run(server: ThrowawayPostgres, *, locks: int, pool_size: int, only: list[str
     settings = {"max_client_conn": str(locks * len(CLUSTERS) + 100), "auth_type": "trust"}
     with PgBouncer(admin, pool_size=pool_size, settings=settings) as bouncer:
         for approach in only:
-            version = (int(approach.removeprefix("schema")) if approach.startswith("schema")
-                       else LATEST_VERSION)
             name = f"storm_{approach.replace('-', '_')}"
-            dsn = schema_database(server, name, version)
+            dsn = database(server, name)
             row(table, storm(server, bouncer, dsn, name, approach, locks))
             print(table.markdown(), flush=True)
     table.notes.append(
