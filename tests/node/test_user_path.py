@@ -396,19 +396,20 @@ def test_the_standby_operator_takes_over_when_the_active_one_is_killed(user_path
                 if run.get("outcome") == "Succeeded" and "finishedAt" in run}
         return status if set(slots) <= done else None
 
+    pods = [p["metadata"]["name"] for p in user_path.get("pods", "-n", namespace)["items"]]
+
+    def workload_logs() -> dict[str, str]:
+        return {pod: user_path.kubectl("logs", pod, "-c", WORKLOAD_CONTAINER, "-n", namespace).stdout[-500:]
+                for pod in pods}
+
     try:
         status = wait_for("status records every slot Succeeded", every_slot_succeeded, timeout=120)
     except AssertionError as timed_out:
         runs = user_path.gcj_status(namespace, "ha").get("recentRuns")
-        jobs = {j["metadata"]["name"]: j.get("status")
-                for j in user_path.get("jobs", "-n", namespace)["items"]}
-        raise AssertionError(f"{timed_out}: slots {list(slots)}; recentRuns {runs}; Jobs {jobs}; "
-                             f"operator log: {user_path.operator_logs()[-3000:]}") from None
+        raise AssertionError(f"{timed_out}: slots {list(slots)}; recentRuns {runs}; "
+                             f"workload logs {workload_logs()}") from None
     rows = user_path.query("SELECT dedupe_key, count(*) FROM e2e_work WHERE lock = %s GROUP BY 1", (lock,))
-    pods = [p["metadata"]["name"] for p in user_path.get("pods", "-n", namespace)["items"]]
-    logs = {pod: user_path.kubectl("logs", pod, "-c", WORKLOAD_CONTAINER, "-n", namespace).stdout[-500:]
-            for pod in pods}
-    assert len(rows) == 3 * len(slots) and all(count == 1 for _, count in rows), (rows, logs)
+    assert len(rows) == 3 * len(slots) and all(count == 1 for _, count in rows), (rows, workload_logs())
     [missed] = [c for c in status["conditions"] if c["type"] == "MissedRun"]
     assert missed["status"] != "True", missed
     assert not user_path.events(namespace, "MissedRun")
