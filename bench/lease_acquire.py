@@ -12,14 +12,14 @@ before the run, release after it), two holders in turn, so every acquisition is 
 - **advisory (transaction)**: `BEGIN; SELECT pg_try_advisory_xact_lock(key)`, released by
   `COMMIT`.
 
-Measured per approach, in rounds that rotate which goes first: one client's rate and
+Measured per approach, in repeats that rotate which goes first: one client's rate and
 latency; statements sent per acquisition (counted at the client; a PL/pgSQL call is one),
 the server's execution time (pg_stat_statements), shared buffers the acquire touched and
 WAL bytes per acquisition (after a CHECKPOINT); 16 client processes contending for one
 lock, each winner letting go at once ("churn": every call can win). Ratios are to the
 insert-then-update pattern in the same run.
 
-    .venv/bin/python -m bench.lease_acquire [--rounds 2] [--seconds 3] [--clients 16]
+    .venv/bin/python -m bench.lease_acquire [--repeats 2] [--seconds 3] [--clients 16]
 """
 
 from __future__ import annotations
@@ -299,18 +299,19 @@ def acquire_blocks(conn: Connection, dbname: str) -> int:
 
 
 def run(
-    server: ThrowawayPostgres, *, seconds: float = 3.0, clients: int = 16, rounds: int = 2, costed: int = 1000
+    server: ThrowawayPostgres, *, seconds: float = 3.0, clients: int = 16, repeats: int = 2,
+    costed: int = 1000,
 ) -> list[Table]:
-    """Every approach on one database, in rounds that rotate the order; medians and ranges."""
+    """Every approach on one database, in repeats that rotate the order; medians and ranges."""
     name = "lease"
     dsn = database(server, name)
     count = len(APPROACHES)
     solo: dict[int, list[Sample]] = {i: [] for i in range(count)}
     costs: dict[int, list[Cost]] = {i: [] for i in range(count)}
     churn: dict[int, list[tuple[float, float, list[float]]]] = {i: [] for i in range(count)}
-    for round_number in range(rounds):
+    for repeat in range(repeats):
         order = list(range(count))
-        order = order[round_number % count :] + order[: round_number % count]
+        order = order[repeat % count :] + order[: repeat % count]
         for offset in order:
             approach = APPROACHES[offset]
             reset_lock(dsn, approach)
@@ -334,7 +335,7 @@ def run(
     peer_rate = median([sample.wins / sample.seconds for sample in solo[peer]])
     peer_churn = median([wins for _, wins, _ in churn[peer]])
     single = Table(
-        f"Acquire and release, one client ({rounds} rounds of {seconds:g} s)",
+        f"Acquire and release, one client ({repeats} repeats of {seconds:g} s)",
         [
             "approach",
             "acquisitions/s",
@@ -348,7 +349,7 @@ def run(
         ],
     )
     contended = Table(
-        f"{clients} client processes on one lock, churn ({rounds} rounds of {seconds:g} s)",
+        f"{clients} client processes on one lock, churn ({repeats} repeats of {seconds:g} s)",
         ["approach", "answers/s", "acquisitions/s", "ratio to the pattern", "p50 ms", "p99 ms"],
     )
     for offset, approach in enumerate(APPROACHES):
@@ -379,8 +380,8 @@ def run(
     single.notes.append(
         "Every approach takes the lock and lets it go, two holders in turn (every acquisition is a"
         f" takeover, {LEASE:g} s leases for ours). At the cap, the lock's history holds {CAP:,} winning"
-        " runs before the measurement, so every win pushes one out. Median of the rounds, (min-max);"
-        " latency percentiles pool every round's calls. Statements sent: every statement the client"
+        " runs before the measurement, so every win pushes one out. Median of the repeats, (min-max);"
+        " latency percentiles pool every repeat's calls. Statements sent: every statement the client"
         " sends per acquisition, release included (a refused INSERT counts). Server ms:"
         f" pg_stat_statements' execution time per acquisition over {costed:,} acquisitions after a"
         " CHECKPOINT, the acquire statement alone, and in brackets every statement of the approach"
@@ -401,11 +402,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--clients", type=int, default=16, help="contending processes")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     with durable_server() as server:
         print(machine_line(server) + "\n")
-        for table in run(server, seconds=args.seconds, clients=args.clients, rounds=args.rounds):
+        for table in run(server, seconds=args.seconds, clients=args.clients, repeats=args.repeats):
             print(table.markdown())
     return 0
 
