@@ -8,12 +8,14 @@ user that the package creates.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import ipaddress
 import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -181,6 +183,63 @@ class ThrowawayPostgres:
         )
         if result.returncode != 0:
             raise RuntimeError(f"PostgreSQL did not restart: {result.stderr}\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """kill -9 the whole server at once (the postmaster and every process it started), as
+        when its machine dies: nothing more is written, flushed or sent to standbys."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGSTOP)  # it forks nothing more while its children are listed
+        children = [int(pid) for pid in subprocess.run(
+            ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+        ).stdout.split()]  # fmt: skip
+        for pid in [postmaster, *children]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in [postmaster, *children]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL processes outlived SIGKILL: {postmaster}, {children}")
+            time.sleep(0.01)
+        (self.data / "postmaster.pid").unlink()
+
+    def standby(self, primary_conninfo: str | None = None) -> ThrowawayPostgres:
+        """A streaming standby of this server, started: a base backup (pg_basebackup) in a
+        folder and on a port of its own, following `primary_conninfo` (by default this
+        server's socket; a test may route it through a proxy). The caller destroys it (or
+        uses it as a context manager); promote() makes it a primary."""
+        replica = ThrowawayPostgres(
+            durable=self.durable, max_connections=self.max_connections, superuser=self.superuser
+        )
+        replica.password = self.password  # the backup carries this server's roles
+        try:
+            self._pg(
+                "pg_basebackup", "-D", str(replica.data), "-h", str(self.socket_dir), "-p", str(self.port),
+                "-U", self.superuser, "--wal-method=stream", "--checkpoint=fast", "--no-sync",
+            )  # fmt: skip
+            with (replica.data / "postgresql.conf").open("a") as conf:
+                conf.write(f"\n# standby\nport = {replica.port}\n")
+                conf.write(f"unix_socket_directories = '{replica.socket_dir}'\n")
+            following = primary_conninfo or (
+                f"host={self.socket_dir} port={self.port} user={self.superuser} application_name=standby"
+            )
+            with (replica.data / "postgresql.auto.conf").open("a") as auto:  # read last: it wins
+                auto.write("primary_conninfo = '{}'\n".format(following.replace("'", "''")))
+            (replica.data / "standby.signal").touch()
+            if replica._run_as:
+                user = pwd.getpwnam(SERVER_USER)
+                for name in ("postgresql.conf", "postgresql.auto.conf", "standby.signal"):
+                    os.chown(replica.data / name, user.pw_uid, user.pw_gid)
+            replica.start()
+        except BaseException:
+            replica.destroy()
+            raise
+        return replica
+
+    def promote(self) -> None:
+        """End a standby's recovery: it becomes a primary on a new timeline."""
+        result = self._pg("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "promote", check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not promote: {result.stderr}\n{self.log_tail()}")
 
     def destroy(self) -> None:
         if (self.data / "postmaster.pid").exists():

@@ -101,16 +101,30 @@ def run_migrate(args: argparse.Namespace) -> int:
 def run_status(args: argparse.Namespace) -> int:
     from guardedcron.guard.connection import call_with_deadline, connect, describe
     from guardedcron.guard.migrations import LATEST_VERSION, current_version
+    from guardedcron.guard.replication import replication_of
 
     try:
         timeout = connect_timeout(args)
         dsn = checked_dsn(args)
         with connect(dsn, timeout) as conn:
-            version = call_with_deadline(conn, dsn, ADMIN_CALL_SECONDS, current_version)
+            version, replication = call_with_deadline(
+                conn, dsn, ADMIN_CALL_SECONDS, lambda c: (current_version(c), replication_of(c))
+            )
     except GuardError as exc:
         say("db status", str(exc))
         return exc.exit_code
-    emit({"database": describe(dsn), "schema_version": version, "tool_needs": LATEST_VERSION})
+    emit(
+        {
+            "database": describe(dsn),
+            "schema_version": version,
+            "tool_needs": LATEST_VERSION,
+            "replication": None if replication is None else replication.fields(),
+        }
+    )
+    if replication is not None and replication.warning():
+        say("db status", str(replication.warning()))
+    if replication is not None and replication.in_recovery:
+        say("db status", "this server is a standby (in recovery): guards cannot acquire leases on it")
     if version < LATEST_VERSION:
         say(
             "db status",

@@ -368,6 +368,7 @@ def _acquire(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
     from guardedcron.guard.connection import call_with_deadline, connect
     from guardedcron.guard.outputs import write_lease_files, write_termination_message
+    from guardedcron.guard.replication import replication_of
 
     check_names(args)
     scheduled_slot = parse_slot(args)
@@ -392,8 +393,12 @@ def _acquire(args: argparse.Namespace) -> int:
         check_out_dir("--out", args.out)
     dsn = checked_dsn(args)
     with connect(dsn, timeout) as conn:
-        sent = time.monotonic()
-        result = call_with_deadline(conn, dsn, ACQUIRE_CALL_SECONDS, lambda c: lease_ops.acquire(c, request))
+        sent = time.monotonic()  # before both calls: the keeper's first deadline only gets earlier
+        replication, result = call_with_deadline(
+            conn, dsn, ACQUIRE_CALL_SECONDS, lambda c: (replication_of(c), lease_ops.acquire(c, request))
+        )
+    if replication is not None and replication.warning():
+        say("acquire", str(replication.warning()))  # a failover of this server can lose the win
     summary = {
         KEY_ACQUIRED: result.acquired,
         KEY_REASON: result.reason,

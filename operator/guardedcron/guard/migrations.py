@@ -42,8 +42,10 @@ def load_migrations() -> list[Migration]:
 # check_grant_v1) and the runs policy; version 5's retention in bounded batches (on
 # version 4 the same calls work, with the count cut-off walking the history every time);
 # version 6's cheaper calls; version 7's losses committed without waiting for a flush;
-# version 8's losses that say whether their slot ran.
-LATEST_VERSION = 8
+# version 8's losses that say whether their slot ran; version 10's wins and renewals
+# durable whatever the session's synchronous_commit, and fences above every earlier
+# timeline's.
+LATEST_VERSION = 10
 LEAST_PRIVILEGE_VERSION = 4  # from here on, no function is PUBLIC's
 
 
