@@ -33,6 +33,7 @@ EXIT_NOT_ACQUIRED: Final = 75  # lease held, or slot already claimed: skip this 
 EXIT_LEASE_LOST: Final = 76  # keeper saw the lease taken over or could not renew in time
 EXIT_NOT_GRANTED: Final = 77  # EX_NOPERM: the database role may not use this lock (db grant)
 EXIT_SCHEMA: Final = 78  # schema missing or older than this tool
+EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as a shell reports it: interrupted, told in one line
 
 # --- SQLSTATEs the guardedcron SQL functions raise (docs/design.md, "Least privilege")
 SQLSTATE_NOT_GRANTED: Final = "GC003"  # the session's role holds no grant covering the lock

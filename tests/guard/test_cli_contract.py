@@ -294,7 +294,7 @@ def test_acquire_keeps_the_contract(dsn: str, postgres: ThrowawayPostgres, tmp_p
     seen = Seen()
     slots = st.one_of(
         st.just([]),
-        option("--slot", st.integers(0, 2**40).map(str)),
+        option("--slot", st.integers(0, LAST_MINUTE).map(str)),
         good_names.map(lambda c: ["--job-name", f"{c}-123", "--cronjob", c]),
     )
     hostile_slots = st.one_of(
@@ -328,6 +328,66 @@ def test_acquire_keeps_the_contract(dsn: str, postgres: ThrowawayPostgres, tmp_p
 
     prop()
     assert {0, 64, 69} <= seen.codes, seen.codes
+
+
+# Times, zones and slots at their limits: the last minute a date holds, zones furthest
+# ahead of and behind UTC, skipped wall times' keys, and names of tzdata folders.
+LAST_MINUTE = 4_223_371_679  # 9999-12-31T23:59Z
+SKIPPED_KEYS = 10_000_000_000  # schedule.dst.SKIPPED_SLOT_BASE; + 29_579_190: 2026-03-29 02:30
+EDGE_SLOTS = [0, 1, LAST_MINUTE - 1, LAST_MINUTE, LAST_MINUTE + 1, SKIPPED_KEYS - 1, SKIPPED_KEYS,
+              SKIPPED_KEYS + 29_579_190, SKIPPED_KEYS + LAST_MINUTE, SKIPPED_KEYS + LAST_MINUTE + 1,
+              2**31, 2**53, BIGINT_MAX - 1, BIGINT_MAX]
+ZONES = ["UTC", "Etc/GMT-14", "Pacific/Kiritimati", "Etc/GMT+12", "Pacific/Niue", "America/New_York",
+         "Europe/Stockholm", "Australia/Lord_Howe", "Pacific/Apia", "Factory", "posixrules"]
+NOT_ZONES = ["Europe", "America", "America/Argentina", "Etc", "US", "Local", "localtime", "", " ",
+             "Europe/", "/UTC", "../zoneinfo/UTC", "zone1970.tab", "tzdata.zi", "__init__.py",
+             "Europe/Stockholm/x", "UTC\x00"]
+
+
+def test_acquire_at_the_limits_keeps_the_contract(
+    dsn: str, postgres: ThrowawayPostgres, tmp_path: Path
+) -> None:
+    """Never a won lease without its files: an input is refused before the database (64),
+    or the lease is won with `lease.json` and `fence` written, or the run is skipped (75)."""
+    seen = Seen()
+    minutes = st.one_of(st.sampled_from(EDGE_SLOTS), st.integers(0, BIGINT_MAX),
+                        st.integers(LAST_MINUTE - 2_000, LAST_MINUTE + 2_000))
+    slot_options = st.one_of(
+        option("--slot", minutes.map(str)),
+        minutes.map(lambda m: ["--cronjob", "c", "--job-name", f"c-{m}"]),
+        st.just([]),
+    )
+    zones = st.one_of(st.sampled_from(ZONES), st.sampled_from(NOT_ZONES), names)
+    times = st.tuples(
+        slot_options,
+        optional("--time-zone", zones),
+        optional("--repeated-time", st.sampled_from(["Once", "Twice"])),
+        optional("--run-kind", st.sampled_from(["catch-up", "backfill", "skipped-time"])),
+    ).map(lambda parts: [word for part in parts for word in part])
+
+    @PROPERTY
+    @given(times=times, lock=st.integers(0, 3))
+    @example(times=["--slot", str(LAST_MINUTE), "--time-zone", "Pacific/Kiritimati"], lock=0)
+    @example(times=["--time-zone", "Europe"], lock=0)
+    @example(times=["--slot", str(BIGINT_MAX), "--time-zone", "UTC", "--repeated-time", "Once"], lock=0)
+    @example(times=["--slot", str(LAST_MINUTE), "--time-zone", "Etc/GMT+12", "--repeated-time", "Once"],
+             lock=1)
+    def prop(times: list[str], lock: int) -> None:
+        out = tmp_path / f"out-{uuid.uuid4().hex}"
+        holder = uuid.uuid4().hex
+        argv = ["acquire", "--lock", f"limits-{lock}", "--holder", holder, "--lease-seconds", "0.1",
+                *times, "--out", str(out)]
+        answer = seen(run(argv, dsn, tmp_path))
+        check_contract(answer, "acquire", secrets_of(postgres))
+        won = answer.code == 0
+        assert ('"acquired": true' in answer.stdout) == won, answer
+        assert (out / "fence").exists() == won and (out / "lease.json").exists() == won, answer
+        if won:
+            lease = json.loads((out / "lease.json").read_text())
+            assert lease["fence"] == int((out / "fence").read_text()) and lease["holder"] == holder
+
+    prop()
+    assert {0, 64} <= seen.codes, seen.codes
 
 
 @pytest.mark.parametrize("command", ["renew", "release"])

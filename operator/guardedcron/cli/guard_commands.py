@@ -22,6 +22,8 @@ from guardedcron.contract import (
     ACQUIRE_CALL_SECONDS,
     BIGINT_MAX,
     ENV_CHECK_IN_URL,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_NOT_ACQUIRED,
     EXIT_OK,
     HOLDER_CALL_SECONDS,
@@ -66,6 +68,8 @@ if TYPE_CHECKING:
 MAX_CONNECT_TIMEOUT_SECONDS = 300
 # How much of a bad value a message quotes: enough to recognise it, never a wall of text.
 SHOWN_INPUT_MAX = 40
+# How much of an error's text the history row of a run that could not start keeps.
+GIVEN_BACK_REASON_MAX = 300
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
@@ -320,6 +324,20 @@ def claimed_slot_of(args: argparse.Namespace, context: RunContext,
     return scheduled_slot if args.run_kind == RUN_KIND_SKIPPED_TIME else context.claimed_slot
 
 
+def planned_run(args: argparse.Namespace, scheduled_slot: int | None) -> tuple[dict[str, Any], int | None]:
+    """lease.json's run-context fields and the slot to claim, all worked out before the
+    database is touched: a minute that has no date (past 9999-12-31T23:59, in UTC or in
+    --time-zone) is bad input, never a lease won for a run whose files cannot be written."""
+    try:
+        context = run_context_of(args, scheduled_slot)
+        return context.fields(), claimed_slot_of(args, context, scheduled_slot)
+    except (OverflowError, ValueError, OSError):  # what datetime raises past its range
+        option = "--slot" if args.slot is not None else "--job-name"
+        where = f" in --time-zone {shown(args.time_zone)}" if args.time_zone is not None else ""
+        raise BadInput(f"{option} gives minute {scheduled_slot}, which has no date{where} "
+                       "(dates end at 9999-12-31T23:59)") from None
+
+
 def connect_timeout(args: argparse.Namespace) -> float:
     value = parse_number("--connect-timeout", args.connect_timeout)
     if not 0 < value <= MAX_CONNECT_TIMEOUT_SECONDS:
@@ -367,12 +385,12 @@ def run_acquire(args: argparse.Namespace) -> int:
 def _acquire(args: argparse.Namespace) -> int:
     from guardedcron.guard import lease as lease_ops
     from guardedcron.guard.connection import call_with_deadline, connect
-    from guardedcron.guard.outputs import write_lease_files, write_termination_message
+    from guardedcron.guard.outputs import write_termination_message
     from guardedcron.guard.replication import replication_of
 
     check_names(args)
     scheduled_slot = parse_slot(args)
-    context = run_context_of(args, scheduled_slot)
+    run_fields, claimed_slot = planned_run(args, scheduled_slot)
     request = lease_ops.AcquireRequest(
         lock=args.lock,
         holder=args.holder,
@@ -380,7 +398,7 @@ def _acquire(args: argparse.Namespace) -> int:
         min_hold_seconds=parse_seconds(
             "--min-hold-seconds", args.min_hold_seconds, minimum=0, maximum=MAX_LEASE_SECONDS
         ),
-        slot=claimed_slot_of(args, context, scheduled_slot),
+        slot=claimed_slot,
         retain_days=parse_integer(
             "--retain-days", args.retain_days, minimum=1, maximum=lease_ops.MAX_RETAIN_DAYS
         ),
@@ -409,17 +427,72 @@ def _acquire(args: argparse.Namespace) -> int:
         KEY_LOCKED_UNTIL: iso(result.locked_until),
         KEY_RUN_ID: result.run_id,
     }
-    emit(summary)
     if not result.acquired:
+        emit(summary)
         say("acquire", _skip_message(request, result))
         write_termination_message(
             {KEY_OUTCOME: GuardOutcome.SKIPPED, KEY_REQUESTER: request.holder, **summary}
         )
         return EXIT_NOT_ACQUIRED
     if args.out is not None:
-        write_lease_files(args.out, {**summary, **keeper_timing(sent, result), **context.fields()})
+        hand_over(args.out, {**summary, **keeper_timing(sent, result), **run_fields},
+                  lambda why: give_back(dsn, timeout, request, result.fence, why))
+    emit(summary)  # only now: `acquired: true` means the run can start
     write_termination_message({KEY_OUTCOME: GuardOutcome.ACQUIRED, **summary})
     return EXIT_OK
+
+
+class LeaseFilesNotWritten(GuardError):
+    """A won lease whose files could not be written: the run cannot start (exit 70, as an
+    environment the checks did not foresee), and the lease was given back."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class Interrupted(GuardError):
+    """SIGINT while the files of a won lease were being written (exit 130)."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+def hand_over(out: Path, lease: dict[str, Any], release: Callable[[str], str]) -> None:
+    """Write the files of a won lease, which the workload waits for. When they cannot be
+    written, or SIGINT comes first, nobody will run: the lease is given back at once
+    rather than held until it ends, and the error says what became of it."""
+    from guardedcron.guard.outputs import write_lease_files
+
+    try:
+        write_lease_files(out, lease)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted (SIGINT) before the lease files were written; "
+                          f"{release('interrupted before the lease files were written')}") from None
+    except Exception as exc:  # whatever failed (a full disk, a vanished volume), nothing runs
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:GIVEN_BACK_REASON_MAX]
+        raise LeaseFilesNotWritten(
+            f"won lock {lease[KEY_LOCK]} (fence {lease[KEY_FENCE]}) but could not write the lease "
+            f"files to {shown(str(out))} ({why}); {release('lease files not written: ' + why)}"
+        ) from None
+
+
+def give_back(dsn: str, timeout: float, request: Any, fence: int, why: str) -> str:
+    """Release a won lease whose run cannot start, its history row recorded `failed` with
+    `why`; says what became of the lease (and of the slot, which stays claimed: the schema
+    has no way to unclaim one, and the history row tells why it did not run)."""
+    from guardedcron.guard import lease as lease_ops
+    from guardedcron.guard.connection import call_with_deadline, connect
+
+    def release(conn: Any) -> lease_ops.LeaseState:
+        return lease_ops.release(conn, request.lock, request.holder, fence, ReleaseOutcome.FAILED.value, why)
+
+    try:
+        with connect(dsn, timeout) as conn:
+            released = call_with_deadline(conn, dsn, HOLDER_CALL_SECONDS, release).ok
+    except Exception as exc:  # the error being reported matters more than this one
+        return f"the lease could not be released ({type(exc).__name__}): it ends when its time runs out"
+    if not released:
+        return "the lease was no longer ours to release"
+    slot = "" if request.slot is None else f"; slot {request.slot} stays claimed"
+    return f"the lease was released and its run recorded failed{slot}"
 
 
 def keeper_timing(sent: float, result: Any) -> dict[str, float]:

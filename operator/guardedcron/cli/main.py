@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from guardedcron.contract import (
     EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_USAGE,
     KEY_EXIT_CODE,
     KEY_HOLDER,
@@ -121,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         redaction.hide([getattr(args, "dsn", None)])  # whatever it looks like
         result: int = args.run(args)
         return result
+    except KeyboardInterrupt:  # SIGINT (Ctrl-C): `keep` handles it itself, to release
+        return report_end(command or "", args_list, "interrupted (SIGINT)", EXIT_INTERRUPTED)
     except Exception as exc:  # the last resort: one line, no traceback
         return report_internal_error(command or "", args_list, exc)
     finally:
@@ -137,7 +140,12 @@ def report_internal_error(command: str, argv: list[str], exc: Exception) -> int:
     environment: say what broke in one line without credentials, and leave the operator a
     termination message."""
     detail = " ".join(str(exc).split())[:INTERNAL_REASON_MAX]
-    reason = redaction.redact(f"unexpected error ({type(exc).__name__}): {detail}")
+    return report_end(command, argv, f"unexpected error ({type(exc).__name__}): {detail}", EXIT_INTERNAL)
+
+
+def report_end(command: str, argv: list[str], why: str, code: int) -> int:
+    """A command cut short: one redacted line, and for acquire an `error` termination message."""
+    reason = redaction.redact(why)
     prefix = f"guardedcron {command}" if command else "guardedcron"
     sys.stderr.write(f"{prefix}: {reason}\n")
     sys.stderr.flush()
@@ -147,13 +155,13 @@ def report_internal_error(command: str, argv: list[str], exc: Exception) -> int:
         write_termination_message(
             {
                 KEY_OUTCOME: GuardOutcome.ERROR,
-                KEY_EXIT_CODE: EXIT_INTERNAL,
+                KEY_EXIT_CODE: code,
                 KEY_LOCK: _option(argv, "--lock"),
                 KEY_HOLDER: _option(argv, "--holder"),
                 KEY_REASON: reason,
             }
         )
-    return EXIT_INTERNAL
+    return code
 
 
 def _option(argv: list[str], name: str) -> str | None:

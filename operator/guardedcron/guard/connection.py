@@ -50,14 +50,30 @@ def resolve_dsn(dsn: str | None) -> str:
     return value
 
 
+# What a message says instead of a DSN whose userinfo libpq read in the wrong places.
+MALFORMED_DSN = "<DSN not shown: an '@' or '/' in its user or password is not percent-encoded (%40, %2F)>"
+MALFORMED_DETAILS = "the driver's message is not shown (it may quote part of the password)"
+# Where libpq puts what follows an unencoded '@' or '/' of a URI's userinfo: an '@' in
+# any of these means part of the userinfo (maybe of the password) landed there.
+_READ_FROM_USERINFO = ("host", "hostaddr", "port", "dbname")
+
+
+def parsed_from_userinfo(parts: dict[str, Any]) -> bool:
+    """libpq read part of a URI's user or password as its host, port or database."""
+    return any("@" in str(parts.get(key) or "") for key in _READ_FROM_USERINFO)
+
+
 def describe(dsn: str) -> str:
-    """`user@host:port/dbname`, for messages: everything but the password."""
+    """`user@host:port/dbname`, for messages: everything but the password, and nothing
+    at all that libpq may have read out of a malformed userinfo."""
     from psycopg.conninfo import conninfo_to_dict
 
     try:
         parts = conninfo_to_dict(dsn)
     except Exception:  # an unparseable DSN must not be echoed back: it may hold a password
         return "<unparseable DSN>"
+    if parsed_from_userinfo(parts):
+        return MALFORMED_DSN
     host = parts.get("host") or parts.get("hostaddr") or "localhost"
     port = parts.get("port") or "5432"
     dbname = parts.get("dbname") or parts.get("user") or "?"
@@ -67,12 +83,17 @@ def describe(dsn: str) -> str:
 
 
 def scrub(message: str, dsn: str) -> str:
-    """Remove the password (and the raw DSN) from a message, whatever produced it."""
+    """Remove the password (and the raw DSN) from a message, whatever produced it. From a
+    DSN with a malformed userinfo libpq may quote any piece of the password as a host,
+    port or database name: its message is then not shown at all."""
     from psycopg.conninfo import conninfo_to_dict
 
     secrets = [dsn]
     try:
-        password = conninfo_to_dict(dsn).get("password")
+        parts = conninfo_to_dict(dsn)
+        if parsed_from_userinfo(parts):
+            return MALFORMED_DETAILS
+        password = parts.get("password")
         if password:
             secrets.append(str(password))
     except Exception:

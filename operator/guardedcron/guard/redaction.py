@@ -9,6 +9,11 @@ misplaced argument, a driver error, an unexpected exception):
 - shapes: anything left that looks like a PostgreSQL URI or a `password=` setting is
   replaced too, so a connection string never seen before is still not shown.
 
+A URI whose password holds an `@` or `/` that is not percent-encoded is read by libpq in
+pieces (`postgresql://u:Kq9@Zw4@host/db` has the host `Zw4@host`), so every piece of such
+a userinfo is a secret too; `connection.describe` and `connection.scrub` then show nothing
+libpq parsed from it.
+
 Only the standard library is used: this runs on every guard start (psycopg's import
 alone costs more than the guard's whole budget for start-up).
 """
@@ -32,6 +37,11 @@ _PASSWORD_SETTING = re.compile(
     r"(password\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&'\"]+)", re.IGNORECASE
 )
 _URI_USERINFO = re.compile(r"^postgres(?:ql)?://([^@/?#]*)@", re.IGNORECASE)
+_URI_SCHEME = re.compile(r"^\s*postgres(?:ql)?://", re.IGNORECASE)
+# libpq ends a URI's userinfo at its first `@`, or finds none past a `/`: a password with
+# either is read in pieces, split at any of the URI's delimiters.
+_MISREAD = re.compile(r"[@/]")
+_USERINFO_DELIMITERS = re.compile(r"[@:/?#]")
 
 _PERCENT_ESCAPE = re.compile(r"(?:%[0-9a-fA-F]{2})+")
 
@@ -52,13 +62,30 @@ def looks_like_dsn(value: str) -> bool:
     return bool(_URI.search(value) or _PASSWORD_SETTING.search(value))
 
 
+def userinfo_of(dsn: str) -> str | None:
+    """A URI's userinfo however malformed: all before its last `@`. libpq ends it at the
+    first `@` (and sees none past a `/`), reading the rest as host, port or database."""
+    scheme = _URI_SCHEME.match(dsn)
+    if scheme is None:
+        return None
+    rest = dsn[scheme.end():]
+    return rest[: rest.rindex("@")] if "@" in rest else None
+
+
 def passwords_in(dsn: str) -> list[str]:
-    """The password(s) a connection string carries, as written and as libpq reads them."""
+    """The password(s) a connection string carries, as written and as libpq reads them,
+    and for a URI each piece of its userinfo's password (libpq may show any of them)."""
     found: list[str] = []
     userinfo = _URI_USERINFO.match(dsn.strip())
     if userinfo and ":" in userinfo.group(1):
         raw = userinfo.group(1).split(":", 1)[1]
         found += [raw, unquote(raw)]
+    whole = userinfo_of(dsn)
+    if whole is not None and ":" in whole:  # without a password it is only a user name
+        password = whole.partition(":")[2]
+        found += [whole, password, unquote(password)]
+        if _MISREAD.search(password):
+            found += _USERINFO_DELIMITERS.split(password)
     for match in _PASSWORD_SETTING.finditer(dsn):
         raw = match.group(0)[len(match.group(1)):]
         found.append(raw)

@@ -36,7 +36,7 @@ def load_time_zone(name: str) -> ZoneInfo:
         )
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder such as "Europe"
         raise ScheduleError(
             f"unknown time zone {name!r}: not in the IANA time-zone database", token=name,
         ) from None
