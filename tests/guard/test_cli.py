@@ -217,7 +217,7 @@ def test_ten_concurrent_migrations_all_succeed(empty_dsn: str) -> None:
             )
         }
         versions = conn.execute("SELECT version FROM guardedcron.schema_migrations").fetchall()
-    assert tables == {"leases", "slot_claims", "runs", "schema_migrations", "lock_grants"}
+    assert tables == {"leases", "slot_claims", "runs", "schema_migrations", "lock_grants", "write_calls"}
     assert {
         "acquire_v1",
         "renew_v1",

@@ -111,8 +111,9 @@ def grant(cluster: Cluster, role: str, *prefixes: str) -> CliResult:
     return result
 
 
-def acquire(dsn: str, lock: str, holder: str, *extra: str) -> CliResult:
-    return run_cli(["acquire", "--lock", lock, "--holder", holder, "--lease-seconds", "30", *extra], dsn=dsn)
+def acquire(dsn: str, lock: str, holder: str, *extra: str, timeout: float = 60) -> CliResult:
+    arguments = ["acquire", "--lock", lock, "--holder", holder, "--lease-seconds", "30", *extra]
+    return run_cli(arguments, dsn=dsn, timeout=timeout)
 
 
 def sqlstate_of(dsn: str, statement: str, arguments: tuple[Any, ...] = ()) -> str | None:

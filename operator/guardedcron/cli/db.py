@@ -35,7 +35,9 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
     grant.add_argument("--role", required=True, help="the PostgreSQL role a guard's DSN logs in as")
     which = grant.add_mutually_exclusive_group(required=True)
     which.add_argument(
-        "--lock-prefix", action="append", help="lock names starting with this, e.g. NAMESPACE/ (repeatable)"
+        "--lock-prefix",
+        action="append",
+        help="lock names starting with this: NAMESPACE/, or a shared lock by name, shared:NAME (repeatable)",
     )
     which.add_argument("--all-locks", action="store_true", help="every lock (the schema-3 behaviour)")
     add_connection_options(grant)
@@ -149,6 +151,23 @@ def lock_prefixes(args: argparse.Namespace) -> list[str] | None:
     return sorted(set(args.lock_prefix))
 
 
+def check_prefix_ends_a_name_part(prefix: str) -> None:
+    """A grant covers every lock name that starts with its prefix, so "team-a" would cover
+    "team-ab/..." too: a prefix must end where a part of a lock name ends, at the namespace
+    separator. A shared lock is granted by its full name (shared:NAME), or all of them by
+    "shared:"."""
+    from guardedcron.contract import NAMESPACE_LOCK_SEPARATOR, SHARED_LOCK_PREFIX
+
+    if prefix.endswith(NAMESPACE_LOCK_SEPARATOR) or prefix.startswith(SHARED_LOCK_PREFIX):
+        return
+    raise BadInput(
+        f'--lock-prefix "{prefix}" would also grant every lock whose name merely starts with it '
+        f'(e.g. "{prefix}x{NAMESPACE_LOCK_SEPARATOR}..."): end it with "{NAMESPACE_LOCK_SEPARATOR}" '
+        f'(--lock-prefix {prefix}{NAMESPACE_LOCK_SEPARATOR}), name a shared lock in full '
+        f"({SHARED_LOCK_PREFIX}NAME), or give --all-locks"
+    )
+
+
 def checked_role(args: argparse.Namespace) -> str:
     from guardedcron.guard.grants import PG_NAME_MAX
 
@@ -166,6 +185,9 @@ def run_grant(args: argparse.Namespace) -> int:
         role = checked_role(args)
         prefixes = lock_prefixes(args)
         assert prefixes is not None
+        for prefix in prefixes:
+            if prefix:  # "" is --all-locks
+                check_prefix_ends_a_name_part(prefix)
         timeout = connect_timeout(args)
         dsn = checked_dsn(args)
         with connect(dsn, timeout) as conn:

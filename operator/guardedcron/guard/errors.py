@@ -14,6 +14,11 @@ from guardedcron.contract import (
 
 # PostgreSQL's insufficient_privilege: the role was never given the schema or a function.
 INSUFFICIENT_PRIVILEGE_SQLSTATE = "42501"
+# The SQL functions' bounds (schema version 9): a lock or holder name past 253 characters,
+# a reason past 4,096 (GC004); more than 4 writing calls in one transaction (GC005). The
+# CLI and the library's callers never send either; a client that does gets BadInput.
+ARGUMENT_TOO_LONG_SQLSTATE = "GC004"
+TOO_MANY_CALLS_SQLSTATE = "GC005"
 
 
 class GuardError(Exception):
@@ -70,3 +75,12 @@ def not_granted(exc: Any, lock: str, role: str | None) -> LockNotGranted | None:
 
 class StaleFenceError(Exception):
     """The fencing token a workload holds is no longer the lock's current one."""
+
+
+def out_of_bounds(exc: Any) -> BadInput | None:
+    """The bad input a database error stands for, if it is one of the functions' bounds
+    (GC004, GC005): their message says which bound, never the text itself."""
+    if getattr(exc, "sqlstate", None) not in (ARGUMENT_TOO_LONG_SQLSTATE, TOO_MANY_CALLS_SQLSTATE):
+        return None
+    diag = getattr(exc, "diag", None)
+    return BadInput(str(getattr(diag, "message_primary", None) or exc))
