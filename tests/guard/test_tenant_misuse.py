@@ -26,7 +26,12 @@ from guardedcron.contract import (
     SQLSTATE_NOT_GRANTED,
 )
 from guardedcron.guard import lease as lease_ops
-from guardedcron.guard.errors import ARGUMENT_TOO_LONG_SQLSTATE, TOO_MANY_CALLS_SQLSTATE, LockNotGranted
+from guardedcron.guard.errors import (
+    ARGUMENT_TOO_LONG_SQLSTATE,
+    TOO_MANY_CALLS_SQLSTATE,
+    BadInput,
+    LockNotGranted,
+)
 from guardedcron.guard.fence import check_fence
 from guardedcron.guard.migrations import LATEST_VERSION, MIGRATION_LOCK_KEY
 from guardedcron_devenv.postgres import ThrowawayPostgres
@@ -214,6 +219,11 @@ def test_every_text_argument_of_the_entry_points_is_bounded(tenant: tuple[Cluste
         result = lease_ops.acquire(conn, lease_ops.AcquireRequest(longest, "z" * 253, 30))
         assert result.acquired
         assert lease_ops.release(conn, longest, "z" * 253, result.fence, "failed", "r" * 4096).ok
+        # The library says it as bad input (the CLI's exit 64), naming the bound only.
+        with pytest.raises(BadInput, match="at most 4096"):
+            lease_ops.release(conn, "team-a/job", "pod", fence, "failed", long_reason)
+        with pytest.raises(BadInput, match="at most 253"):
+            lease_ops.acquire(conn, lease_ops.AcquireRequest(long_lock, "pod-2", 30))
 
 
 def test_one_statement_cannot_add_a_row_per_row_of_a_query(tenant: tuple[Cluster, Login]) -> None:

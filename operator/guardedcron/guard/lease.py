@@ -22,7 +22,7 @@ from guardedcron.contract import (
     AcquireReason,
     ReleaseOutcome,
 )
-from guardedcron.guard.errors import BadInput, FenceExhausted, not_granted
+from guardedcron.guard.errors import BadInput, FenceExhausted, not_granted, out_of_bounds
 
 if TYPE_CHECKING:
     import psycopg
@@ -168,7 +168,7 @@ def acquire(conn: Connection, request: AcquireRequest) -> AcquireResult:
         except psycopg.Error as exc:
             if exc.sqlstate == FENCE_EXHAUSTED_SQLSTATE:
                 raise FenceExhausted(str(exc.diag.message_primary or exc)) from None
-            refusal = not_granted(exc, request.lock, conn.info.user)
+            refusal = not_granted(exc, request.lock, conn.info.user) or out_of_bounds(exc)
             if refusal is not None:
                 raise refusal from None
             raise
@@ -262,7 +262,7 @@ def _fetch_retrying(conn: Connection, lock: str, query: str, arguments: tuple[An
                 raise
             continue
         except psycopg.Error as exc:
-            refusal = not_granted(exc, lock, conn.info.user)
+            refusal = not_granted(exc, lock, conn.info.user) or out_of_bounds(exc)
             if refusal is not None:
                 raise refusal from None
             raise
