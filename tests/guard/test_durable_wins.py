@@ -22,6 +22,7 @@ import pytest
 from guardedcron.guard import lease as lease_ops
 from guardedcron.guard.lease import AcquireRequest
 from guardedcron.guard.migrations import migrate
+from guardedcron.guard.replication import replication_of
 from guardedcron_devenv.postgres import ThrowawayPostgres
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -85,3 +86,15 @@ def test_acknowledged_wins_survive_a_crash_whatever_the_session_asks(
         assert [r.reason for r in again] == ["slot-claimed"] * WINS
         fresh = lease_ops.acquire(conn, AcquireRequest("job", "fresh", 60, slot=WINS))
         assert fresh.acquired and fresh.fence > max(won.values()), (fresh, won)
+
+
+def test_a_connection_lost_during_the_replication_query_is_raised_not_taken_for_no_advice(dsn: str) -> None:
+    """The advice query runs first on the acquire's connection. Swallowing a lost
+    connection there left acquire a dead connection, which it refused as bad input
+    (exit 64) where the guard must say the database is unavailable (69)."""
+    with psycopg.connect(dsn, autocommit=True) as victim, psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (victim.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            replication_of(victim)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert replication_of(conn) is not None  # a live connection still gets its advice

@@ -66,12 +66,15 @@ class Replication:
 
 
 def replication_of(conn: psycopg.Connection[tuple[Any, ...]]) -> Replication | None:
-    """The server's replication as this connection sees it; None if the query fails (an
-    unusual server or pooler): this is advice, and must never stop a guard."""
+    """The server's replication as this connection sees it; None if the server refuses
+    the query (an unusual server or pooler): this is advice, and must never stop a guard.
+    A connection lost meanwhile is raised, so the caller reports it as such (69)."""
     import psycopg
 
     try:
         row = conn.execute(QUERY).fetchone()
+    except psycopg.OperationalError:
+        raise
     except psycopg.Error:
         return None
     if row is None:
