@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from guardedcron import contract
 from guardedcron.observability import (
     Metrics,
     create_metrics,
@@ -154,6 +155,8 @@ async def test_a_deleted_guardedcronjob_stops_being_exported(served: tuple[Metri
     op = Operator(metrics)
     op.step([runs.succeeded(slot(10), 1)], minutes=15)
     assert value(await scrape(url), "guardedcron_runs_total", **LABELS, outcome="succeeded") == 1
+    for kind in (contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL, contract.RUN_KIND_SKIPPED_TIME):
+        metrics.make_up_runs.labels(LABELS["namespace"], LABELS["name"], kind).inc()
     forget(metrics, **LABELS)
     forget(metrics, **LABELS)  # twice is fine
     samples = await scrape(url)

@@ -173,7 +173,7 @@ def forget(metrics: Metrics, *, namespace: str, name: str) -> None:
                    metrics.next_slot_start_deadline, metrics.success_overdue,
                    metrics.reconcile_errors, metrics.suspended_after_failures):
         _remove(metric, namespace, name)
-    for kind in (contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL):
+    for kind in (contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL, contract.RUN_KIND_SKIPPED_TIME):
         _remove(metrics.make_up_runs, namespace, name, kind)
     for outcome in OUTCOME_LABELS.values():
         _remove(metrics.runs, namespace, name, outcome)
