@@ -53,7 +53,7 @@ def refusal_event(problem: Problem, *, uid: str, memory: PassMemory) -> list[Run
 def lock_change_event(cronjob: Mapping[str, Any], parsed: ParsedSpec) -> list[RunEvent]:
     """An Event when the live CronJob's runs take another lock than the spec's now, before
     the apply that changes it: a run under the old name and one under the new do not
-    exclude each other, so the change must not pass unseen (docs/design.md, "Upgrading")."""
+    exclude each other, so the change must not pass unseen (docs/design.md, "The allow-list")."""
     old = sorted(locks_in_cronjob(cronjob))
     new = parsed.spec.lease.name
     if not old or old == [new]:
