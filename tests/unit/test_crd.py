@@ -138,6 +138,12 @@ def test_printer_columns() -> None:
     assert columns["Outcome"]["jsonPath"] == ".status.lastRun.outcome"
     assert columns["Fence"]["jsonPath"] == ".status.lastRun.fence"
     assert columns["Fence"]["type"] == "integer"
+    # A date column shows the age of its time, "<invalid>" for a time to come: the next run
+    # is shown as its RFC 3339 time; date columns are kept for times that have passed.
+    assert (columns["Next Run"]["type"], columns["Next Run"]["jsonPath"]) == (
+        "string", ".status.nextScheduleTime")
+    assert {c["jsonPath"] for c in columns.values() if c["type"] == "date"} == {
+        ".status.lastRun.startedAt", ".metadata.creationTimestamp"}
     for column in columns.values():  # each column reads a field the schema defines
         path = column["jsonPath"].split("[")[0].strip(".").split(".")
         if path[0] != "metadata":
