@@ -102,7 +102,7 @@ async def test_guardedcron_operator_restarted_over_up_to_date_objects_writes_not
     names = [f"job-{i}" for i in range(5)]
     for name in names:
         await create_gcj(client, put(base_gcj(), "metadata.name", name))
-    # Still invalid after the restart: its warning (an Event, through kopf) is not repeated.
+    # Still invalid after the restart: its SpecInvalid Event is not posted again.
     await create_gcj(client, put(put(base_gcj(), "metadata.name", "broken"), "spec.timeZone", "Mars/Base"))
     metrics_port, health_port = free_port(), free_port()
     settings = Settings(build=SETTINGS, namespaces=(), peering=None, priority=0, metrics_port=metrics_port,

@@ -227,9 +227,11 @@ async def test_an_invalid_spec_is_reported_and_makes_no_cronjob(
     result = await one_pass(client, NS, NAME, now=T0)
 
     assert not result.applied and result.status_written
-    assert describe(api.writes(since)) == [(
-        "PATCH", f"/apis/guardedcron.io/v1alpha1/namespaces/{NS}/guardedcronjobs/{NAME}/status",
-        "application/merge-patch+json")]
+    assert describe(api.writes(since)) == [
+        ("PATCH", f"/apis/guardedcron.io/v1alpha1/namespaces/{NS}/guardedcronjobs/{NAME}/status",
+         "application/merge-patch+json"),
+        ("POST", f"/api/v1/namespaces/{NS}/events", "application/json")]
+    assert api.writes(since)[1].data["reason"] == "SpecInvalid"
     assert cronjob(api) is None
     invalid = condition(gcj(api), "Invalid")
     assert (invalid["status"], invalid["reason"], invalid["observedGeneration"]) == ("True", "SpecInvalid", 1)
@@ -270,7 +272,8 @@ async def test_an_invalid_spec_leaves_the_existing_cronjob_as_it_was(
 
     assert cronjob(api) == before  # still the last valid, guarded CronJob
     assert [r.url.path for r in api.writes(since)] == [
-        f"/apis/guardedcron.io/v1alpha1/namespaces/{NS}/guardedcronjobs/{NAME}/status"]
+        f"/apis/guardedcron.io/v1alpha1/namespaces/{NS}/guardedcronjobs/{NAME}/status",
+        f"/api/v1/namespaces/{NS}/events"]
     assert condition(gcj(api), "Invalid")["status"] == "True"
 
 
@@ -313,6 +316,8 @@ async def test_a_cronjob_of_the_same_name_that_is_not_ours_is_never_taken_over(
     assert result.not_owned and not result.applied
     assert cronjob(api) == before
     assert [r.url.path for r in api.writes(since)] == [
-        f"/apis/guardedcron.io/v1alpha1/namespaces/{NS}/guardedcronjobs/{NAME}/status"]
+        f"/apis/guardedcron.io/v1alpha1/namespaces/{NS}/guardedcronjobs/{NAME}/status",
+        f"/api/v1/namespaces/{NS}/events"]
+    assert api.writes(since)[1].data["reason"] == "CronJobNotOwned"
     stalled = condition(gcj(api), "Stalled")
     assert stalled["status"] == "True" and "not controlled by this GuardedCronJob" in stalled["message"]

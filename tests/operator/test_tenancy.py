@@ -158,7 +158,8 @@ async def test_a_cronjob_from_before_the_upgrade_taking_another_namespaces_lock_
     assert cronjob(api) is None
     invalid = condition(api, "Invalid")
     assert invalid["status"] == "True" and invalid["message"].startswith("spec.lease.name: ")
-    [event] = events(api)
+    assert [e["reason"] for e in events(api)] == ["LockNotAllowed", "SpecInvalid"]
+    event = events(api)[0]
     assert "'payments/nightly-payouts', which namespace billing may not use" in event["message"]
 
 
@@ -174,7 +175,7 @@ async def test_a_cronjob_from_before_the_upgrade_taking_its_own_namespaces_lock_
 
     assert cronjob(api) is not None and deletes(api, since) == []
     assert condition(api, "Invalid")["status"] == "True"
-    assert events(api) == []
+    assert [e["reason"] for e in events(api)] == ["SpecInvalid"]  # no LockNotAllowed
 
     await client.merge_patch(GUARDED_CRONJOBS, NS, NAME,
                              {"spec": {"lease": {"name": "nightly-invoices"}}})

@@ -86,3 +86,18 @@ def test_an_object_without_identity_is_refused() -> None:
     event = RunEvent(EventReason.MISSED_RUN, "m", subject="s")
     with pytest.raises(ValueError, match=r"metadata\.name and metadata\.namespace"):
         build_event({"metadata": {"name": "x"}}, event, NOW)
+
+
+def test_design_lists_every_reason_with_its_type() -> None:
+    """docs/design.md's Events table names each reason under the type it is posted as."""
+    design = (Path(__file__).parents[2] / "docs" / "design.md").read_text()
+    section = design.split("\n### Events\n", 1)[1].split("\n### ", 1)[0]
+    listed: dict[str, list[str]] = {"Normal": [], "Warning": []}
+    for row in section.splitlines():
+        cells = row.split("|")[1:-1]
+        if len(cells) == 3 and not cells[0].startswith(("---", " posted")):
+            listed["Normal"] += re.findall(r"`(\w+)`", cells[1])
+            listed["Warning"] += re.findall(r"`(\w+)`", cells[2])
+    bodies = [build_event(GCJ, RunEvent(reason, "m", subject="s"), NOW) for reason in EventReason]
+    for kind in listed:
+        assert sorted(listed[kind]) == sorted(b["reason"] for b in bodies if b["type"] == kind), kind

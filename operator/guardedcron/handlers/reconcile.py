@@ -64,7 +64,7 @@ from guardedcron.observability.events import build_event
 from guardedcron.observability.metrics import forget as forget_metrics
 from guardedcron.observability.metrics import reconcile_timer, record_changes, record_suspension
 from guardedcron.spec import ParsedSpec, Problem, SpecError, parse_guarded_cronjob
-from guardedcron.status import RunEvent, SchedulingStatus, compute_status, merge_runs
+from guardedcron.status import EventReason, RunEvent, SchedulingStatus, compute_status, merge_runs
 from guardedcron.status.history import known_records, newest_first
 from guardedcron.status.suspension import SuspensionDecision
 
@@ -96,14 +96,15 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     skipped runs' Jobs that status records; with outcome recording on, the outcomes of
     runs that just finished go to the database.
 
-    `logger` is kopf's, for this object: its warnings become Events on it."""
+    `logger` is kopf's, for this object; kopf posts none of its records as Events: what
+    people must see in `kubectl describe` is posted here, each with its own reason."""
     client, memory, settings = context.client, context.memory, context.settings
     gcj = observed.gcj
     namespace, name = gcj_key(gcj)
     uid = uid_of(gcj)
     parsed: ParsedSpec | None
     problems: tuple[Problem, ...] = ()
-    trouble: str | None = None  # logged as a warning (an Event, through kopf) when status changes
+    trouble: RunEvent | None = None  # what the pass cannot do: a warning and an Event
     lock_events: list[RunEvent] = []
     try:
         parsed = parse_guarded_cronjob(gcj)
@@ -111,7 +112,8 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
         parsed, problems = None, error.problems
         # The CronJob (if any) keeps its last valid configuration: still guarded
         # (unless its lock is not the namespace's to use: below).
-        trouble = f"Spec is invalid; the CronJob is left as it is: {error}"
+        trouble = _trouble(gcj, EventReason.SPEC_INVALID,
+                           f"Spec is invalid; the CronJob is left as it is: {error}")
     else:
         refused = lock_refusal(parsed, settings)
         if refused is not None:  # a shared lock the allow-list does not grant: no CronJob
@@ -142,6 +144,7 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
             apply_error = (f"CronJob {name} already exists and is not controlled by this "
                            "GuardedCronJob; delete or rename it (guardedcron never takes over "
                            "an object it did not create)")
+            trouble = _trouble(gcj, EventReason.CRONJOB_NOT_OWNED, apply_error)
         elif (reason := apply_needed(desired, cronjob, contract.FIELD_MANAGER)) is not None:
             if cronjob is not None:
                 lock_events += lock_change_event(cronjob, parsed)
@@ -155,7 +158,8 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
                 if not error.permanent:
                     raise  # kopf retries with backoff
                 apply_error = error.message
-                trouble = f"The API server refused CronJob {name}: {error}"
+                trouble = _trouble(gcj, EventReason.CRONJOB_REJECTED,
+                                   f"The API server refused CronJob {name}: {error}")
             else:
                 applied = True
                 logger.info(f"Applied CronJob {name}: {reason}.")
@@ -185,9 +189,9 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
         apply_error=apply_error, handled_trigger=trigger.handled, scheduling=scheduling,
         remembered=remembered, no_success_slots=settings.no_success_slots)
     if trouble is not None:
-        # Once per change, not once per pass: kopf posts warnings as Events, and a
-        # resync over an object that is still invalid must write nothing.
-        logger.log(logging.WARNING if change.changed else logging.DEBUG, trouble)
+        # Once per change, not once per pass: a resync over an object that is still
+        # invalid must write nothing (its Event goes with the status write, below).
+        logger.log(logging.WARNING if change.changed else logging.DEBUG, trouble.message)
     if change.changed:
         await client.patch_status(GUARDED_CRONJOBS, namespace, name, change.patch())
         memory.remember_status(uid, change.status)
@@ -196,7 +200,8 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     # of an object's series are made by its first pass: that one is kept (arenas).
     with arenas.kept(memory.is_first_pass(uid)):
         record_changes(context.metrics, namespace=namespace, name=name, changes=change.metrics)
-    events = [*lock_events, *change.events, *trigger.events, *slot_events]
+    said = [trouble] if trouble is not None and change.changed else []
+    events = [*lock_events, *said, *change.events, *trigger.events, *slot_events]
     if settings.outcome_recording:
         # Once per run: when its record turns final, which happens in one written status.
         events += await record_outcomes(parsed, change.outcomes, namespace=namespace, client=client,
@@ -212,6 +217,13 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
         await post_event(client, build_event(gcj, event, now), logger)
     return PassResult(applied=applied, status_written=change.changed, apply_error=apply_error,
                       not_owned=not_owned)
+
+
+def _trouble(gcj: Body, reason: EventReason, message: str) -> RunEvent:
+    """The Event for what a pass cannot do; one per generation and message (a fix that
+    is undone again is a new generation, so it is said again)."""
+    generation = (gcj.get("metadata") or {}).get("generation")
+    return RunEvent(reason, message, subject=f"{generation}\n{message}")
 
 
 async def post_event(client: KubeClient, body: Mapping[str, Any], logger: Logger) -> None:
@@ -235,8 +247,21 @@ async def run_pass(gather: Callable[[], Observed], *, uid: str, context: Operato
         context.memory.pass_starting(uid)
         observed = gather()
         namespace, name = gcj_key(observed.gcj)
-        with reconcile_timer(context.metrics, namespace=namespace, name=name):
-            return await reconcile(observed, context, context.clock(), logger)
+        try:
+            with reconcile_timer(context.metrics, namespace=namespace, name=name):
+                return await reconcile(observed, context, context.clock(), logger)
+        except Exception as error:
+            await _say_failure(observed.gcj, error, context, logger)
+            raise  # kopf logs it and retries the pass
+
+
+async def _say_failure(gcj: Body, error: Exception, context: OperatorContext, logger: Logger) -> None:
+    """A pass that raised, as an Event on its GuardedCronJob: once per error and process,
+    not once per retry; not for an object deleted under the pass (404)."""
+    if not isinstance(error, NotFound) and context.memory.first_time(uid_of(gcj), f"failed\n{error}"):
+        event = RunEvent(EventReason.RECONCILE_FAILED, f"A pass failed; kopf retries it: {error}",
+                         subject=str(error))
+        await post_event(context.client, build_event(gcj, event, context.clock()), logger)
 
 
 # --- what the decorated handlers call ------------------------------------------------
@@ -364,10 +389,9 @@ def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool, handled
     prefix = contract.KOPF_ANNOTATION_PREFIX
     settings.persistence.progress_storage = ProgressAnnotations(prefix=prefix)
     settings.persistence.diffbase_storage = handled
-    # Warnings and errors of a GuardedCronJob's logger become Events on it (`kubectl
-    # describe`); info would be a write per pass. The pass warns only when status changes.
-    settings.posting.loggers = True
-    settings.posting.level = logging.WARNING
+    # kopf posts no Events: its log posting gives every one the reason "Logging". The
+    # handlers post their own, each with its reason (status/transitions.py, EventReason).
+    settings.posting.enabled = False
     # Watching exact namespaces needs no cluster-scoped access (CRDs, Namespaces), and
     # the namespace-scoped install grants none.
     settings.scanning.disabled = namespaced

@@ -65,7 +65,7 @@ async def act_on_trigger(gcj: Body, cronjob: Body | None, previous_status: Mappi
         if not memory.first_time(uid, f"trigger\n{token}"):
             return TriggerResult()
         message = f"no manual run for trigger token {token!r}: {why}"
-        logger.info(message)  # our own Event says it; a warning would make kopf post a second
+        logger.info(message)  # the TriggerFailed Event below says it to `kubectl describe`
         return TriggerResult(events=[RunEvent(EventReason.TRIGGER_FAILED, message, subject=token)])
 
     problem = trigger_token_problem(token)

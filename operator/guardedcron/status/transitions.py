@@ -65,6 +65,13 @@ class EventReason(StrEnum):
     BACKFILL_REFUSED = "BackfillRefused"
     SUSPENDED_AFTER_FAILURES = "SuspendedAfterFailures"
     RESUMED_AFTER_FAILURES = "ResumedAfterFailures"
+    # What the pass cannot do (handlers/reconcile.py), said when status changes: the spec's
+    # problems, the API server's refusal of the CronJob, a CronJob of that name not ours.
+    SPEC_INVALID = "SpecInvalid"
+    CRONJOB_REJECTED = "CronJobRejected"
+    CRONJOB_NOT_OWNED = "CronJobNotOwned"
+    # A pass raised and kopf retries it: said once per error (and operator process).
+    RECONCILE_FAILED = "ReconcileFailed"
 
 
 _BY_OUTCOME: dict[Outcome, EventReason] = {
@@ -86,6 +93,8 @@ WARNINGS = frozenset({
     EventReason.LOCK_CHANGED,
     EventReason.MAKE_UP_RUN_FAILED, EventReason.BACKFILL_REFUSED, EventReason.BACKFILL_STOPPED,
     EventReason.SUSPENDED_AFTER_FAILURES, EventReason.CATCH_UP_WITHOUT_HEARTBEAT,
+    EventReason.SPEC_INVALID, EventReason.CRONJOB_REJECTED, EventReason.CRONJOB_NOT_OWNED,
+    EventReason.RECONCILE_FAILED,
 })
 
 
