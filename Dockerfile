@@ -27,7 +27,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY operator/ ./operator/
 # operator/guardedcron/crds links here: the wheel ships the CRD that `render` reads.
 COPY crds/ ./crds/

@@ -100,7 +100,8 @@ def test_the_build_context_is_only_what_the_build_reads(
         docker_engine.run("image", "rm", "--force", probe)
     assert listed.returncode == 0, listed.stderr
     files = [Path(line).relative_to("/context") for line in listed.stdout.splitlines()]
-    assert {path.parts[0] for path in files} == {"pyproject.toml", "README.md", "operator", "crds"}
+    assert {path.parts[0] for path in files} == {"pyproject.toml", "README.md", "LICENSE", "operator",
+                                                 "crds"}
     assert not [p for p in files if p.parts[:2] == ("operator", "devenv")], "the devenv is sent"
     assert not [p for p in files if "__pycache__" in p.parts or p.suffix == ".pyc"]
     assert Path("operator/guardedcron/cli/main.py") in files
