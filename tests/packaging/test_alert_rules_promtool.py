@@ -7,13 +7,15 @@ healthy one, also across an operator restart (new pod, new series).
 The schedule-aware alerts (SlotNotStarted, NoRecentSuccess) read deadlines the operator
 computes on the real schedule, so their input series are what real passes of the real
 code export for concrete GuardedCronJobs and clock values (`SCHEDULE_CASES`), each case
-a promtool test group of its own whose clock starts at the case's first pass."""
+a promtool test group of its own whose clock starts at the case's first pass. The
+alerts on a GuardedCronJob's state (Invalid, Stalled, NeverSucceeded) read gauges real
+passes export from concrete objects and statuses likewise (`STATE_CASES`)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,9 @@ import yaml
 from tests.support.chart import RELEASE_NAMESPACE, one, render
 from tests.support.gcj import on_schedule, put
 from tests.support.prometheus import (
+    SeriesKey,
     exported_gauges,
+    exported_job_gauges,
     operator_target_labels,
     promtool,
     series_selector,
@@ -120,6 +124,10 @@ SUMMARIES = {
         "A scheduled run of GuardedCronJob billing/nightly-invoices has not started",
     "GuardedCronJobNoRecentSuccess":
         "GuardedCronJob billing/nightly-invoices has not succeeded in 2 slots in a row",
+    "GuardedCronJobInvalid": "GuardedCronJob billing/nightly-invoices has an invalid spec",
+    "GuardedCronJobStalled":
+        "The CronJob of GuardedCronJob billing/nightly-invoices cannot be applied",
+    "GuardedCronJobNeverSucceeded": "GuardedCronJob billing/nightly-invoices has never succeeded",
     "GuardedCronJobGuardErrors": "The guard of GuardedCronJob billing/nightly-invoices failed",
     "GuardedCronOperatorReconcileErrors":
         "The operator fails to reconcile GuardedCronJob billing/nightly-invoices",
@@ -267,6 +275,142 @@ SCHEDULE_CASES = (
 )
 
 
+INVALID = "GuardedCronJobInvalid"
+STALLED = "GuardedCronJobStalled"
+NEVER_SUCCEEDED = "GuardedCronJobNeverSucceeded"
+STATE_ALERTS = (INVALID, STALLED, NEVER_SUCCEEDED)
+# What those alerts read; the passes of a state case export the deadlines too, which
+# the schedule cases test.
+STATE_GAUGES = ("guardedcron_condition", "guardedcron_failed_runs_before_first_success")
+STATE_CREATED = datetime(2025, 6, 2, 10, 20, tzinfo=UTC)
+REFUSAL = 'admission webhook "policy.example" denied the request: jobs need a team label'
+
+
+@dataclass(frozen=True)
+class StatePass:
+    """One real pass (no CronJob, no Jobs) at a minute of the case's clock, over the
+    GuardedCronJob `spec` makes, the status it read, and the API server's refusal if any."""
+
+    minute: int
+    spec: dict[str, Any] = field(default_factory=dict)  # over on_schedule("0 * * * *", UTC)
+    status: dict[str, Any] | None = None
+    apply_error: str | None = None
+    pod: tuple[str, str] = POD_A  # the operator pod that made the pass (and exports it)
+
+
+@dataclass(frozen=True)
+class StateCheck:
+    minute: int
+    alert: str
+    fires: bool
+    value: str = ""  # the $value the description shows
+
+
+@dataclass(frozen=True)
+class StateCase:
+    title: str
+    passes: tuple[StatePass, ...]
+    checks: tuple[StateCheck, ...]
+
+
+def quiet(minute: int, *alerts: str) -> tuple[StateCheck, ...]:
+    return tuple(StateCheck(minute, alert, False) for alert in alerts or STATE_ALERTS)
+
+
+NEVER_RAN: dict[str, Any] = {}
+FAILED_ONCE = {"runCounts": {"failed": 1}, "lastScheduleTime": "2025-06-02T11:00:00Z"}
+FAILED_TWICE = {"runCounts": {"failed": 1, "timedOut": 1}, "lastScheduleTime": "2025-06-02T12:00:00Z"}
+SUCCEEDED_THIRD = {"runCounts": {"failed": 1, "timedOut": 1, "succeeded": 1},
+                   "lastScheduleTime": "2025-06-02T13:00:00Z", "lastSuccessfulTime": "2025-06-02T13:04:00Z"}
+
+STATE_CASES = (
+    StateCase(
+        title="a misspelt time zone: Invalid until it is fixed",
+        passes=(StatePass(0, {"timeZone": "Europe/Berln"}), StatePass(20, {"timeZone": "Europe/Berlin"})),
+        checks=(*quiet(4, INVALID), StateCheck(6, INVALID, True), *quiet(6, STALLED, NEVER_SUCCEEDED),
+                StateCheck(19, INVALID, True), *quiet(21)),
+    ),
+    StateCase(
+        title="the API server refuses the CronJob: Stalled until it is accepted",
+        passes=(StatePass(0, apply_error=REFUSAL), StatePass(30)),
+        checks=(*quiet(4, STALLED), StateCheck(6, STALLED, True), *quiet(6, INVALID, NEVER_SUCCEEDED),
+                *quiet(31)),
+    ),
+    StateCase(
+        title="a new valid GuardedCronJob that has not run yet: nothing fires",
+        passes=(StatePass(0, status=NEVER_RAN), StatePass(30, status=NEVER_RAN)),
+        checks=(*quiet(10), *quiet(59)),
+    ),
+    StateCase(
+        title="failing since its first run, across an operator restart, until a success",
+        passes=(StatePass(0, status=NEVER_RAN), StatePass(45, status=FAILED_ONCE),
+                StatePass(105, status=FAILED_TWICE), StatePass(130, status=FAILED_TWICE, pod=POD_B),
+                StatePass(165, status=SUCCEEDED_THIRD, pod=POD_B)),
+        checks=(*quiet(44), StateCheck(46, NEVER_SUCCEEDED, True, "1"),
+                StateCheck(106, NEVER_SUCCEEDED, True, "2"), StateCheck(131, NEVER_SUCCEEDED, True, "2"),
+                StateCheck(164, NEVER_SUCCEEDED, True, "2"), *quiet(166), *quiet(200)),
+    ),
+    StateCase(
+        title="failures after a success, and a suspended job that never succeeded: silent",
+        passes=(StatePass(0, status={"runCounts": {"succeeded": 1, "failed": 5},
+                                     "lastSuccessfulTime": "2025-06-01T10:04:00Z"}),
+                StatePass(30, {"suspend": True}, status={"runCounts": {"failed": 3}})),
+        checks=(*quiet(10), *quiet(40)),
+    ),
+)
+
+
+def state_gcj(one_pass: StatePass) -> dict[str, Any]:
+    body = put(on_schedule("0 * * * *", None), "metadata.creationTimestamp",
+               STATE_CREATED.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    for path, value in one_pass.spec.items():
+        body = put(body, f"spec.{path}", value)
+    return body
+
+
+def state_exports(case: StateCase) -> list[tuple[StatePass, dict[SeriesKey, float]]]:
+    rows = []
+    for one_pass in case.passes:
+        exported = exported_job_gauges(state_gcj(one_pass), one_pass.status,
+                                       STATE_CREATED + timedelta(minutes=one_pass.minute),
+                                       apply_error=one_pass.apply_error)
+        rows.append((one_pass, {key: v for key, v in exported.items() if key[0] in STATE_GAUGES}))
+    return rows
+
+
+def state_series(case: StateCase, values: dict[str, Any]) -> list[dict[str, str]]:
+    """input_series of one case: per operator pod, each gauge its latest pass exported,
+    held until the next pass; a series the pod stops exporting (removed, or the pod gone
+    after a restart) gets Prometheus' staleness marker."""
+    horizon = max(check.minute for check in case.checks)
+    exports = state_exports(case)
+    namespace, name = FAILING
+    rows = []
+    for pod in dict.fromkeys(one_pass.pod for one_pass in case.passes):
+        target, honor = scrape_labels(values, pod)
+        for key in sorted({key for one_pass, exported in exports if one_pass.pod == pod for key in exported}):
+            tokens: list[str] = []
+            for minute in range(horizon + 1):
+                latest, exported = [row for row in exports if row[0].minute <= minute][-1]
+                value = exported.get(key) if latest.pod == pod else None
+                if value is not None:
+                    tokens.append(f"{value:.0f}")
+                else:
+                    tokens.append("stale" if tokens and tokens[-1] not in ("stale", "_") else "_")
+            metric, extra = key
+            labels = {"__name__": metric, "namespace": namespace, "name": name, **dict(extra)}
+            rows.append({"series": series_selector(stored_labels(labels, target, honor)),
+                         "values": " ".join(tokens)})
+    return rows
+
+
+def state_group(case: StateCase, values: dict[str, Any], by_alert: dict[str, Any]) -> dict[str, Any]:
+    checks = [{"eval_time": f"{check.minute}m", "alertname": check.alert,
+               "exp_alerts": [expected_alert(by_alert[check.alert], check.value)] if check.fires else []}
+              for check in case.checks]
+    return {"interval": "1m", "input_series": state_series(case, values), "alert_rule_test": checks}
+
+
 def utc(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
@@ -385,12 +529,14 @@ def expected_alert(rule: dict[str, Any], value_text: str,
         .replace("{{ $labels.namespace }}", namespace)
         .replace("{{ $labels.name }}", name)
         .replace("{{ $value | humanizeDuration }}", value_text)
+        .replace("{{ $value }}", value_text)
     )
     assert "{{" not in description, description
     return {
         "exp_labels": {**(labels or {"namespace": namespace, "name": name}),
                        "severity": rule["labels"]["severity"]},
-        "exp_annotations": {"summary": SUMMARIES[rule["alert"]], "description": description},
+        "exp_annotations": {"summary": SUMMARIES[rule["alert"]], "description": description,
+                            "runbook_url": rule["annotations"]["runbook_url"]},
     }
 
 
@@ -427,20 +573,25 @@ def rules_test(values: dict[str, Any], directory: Path) -> Path:
         "rule_files": ["rules.yaml"],
         "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": stored_series(values), "alert_rule_test": checks},
-                  *(case_group(case, values, by_alert) for case in SCHEDULE_CASES)],
+                  *(case_group(case, values, by_alert) for case in SCHEDULE_CASES),
+                  *(state_group(case, values, by_alert) for case in STATE_CASES)],
     }, sort_keys=False))
     return test_file
 
 
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:
     alerts = {rule["alert"] for group in chart_rules(MONITORING) for rule in group["rules"]}
-    assert {scenario.alert for scenario in SCENARIOS} | {SLOT_NOT_STARTED, NO_RECENT_SUCCESS} == alerts
+    assert {scenario.alert for scenario in SCENARIOS} | {SLOT_NOT_STARTED, NO_RECENT_SUCCESS,
+                                                         *STATE_ALERTS} == alerts
     assert set(SUMMARIES) == alerts
     for scenario in SCENARIOS:
         assert scenario.fires_at and scenario.silent_at, scenario.alert
     for alert in (SLOT_NOT_STARTED, NO_RECENT_SUCCESS):
         checks = [check for case in SCHEDULE_CASES for check in case.checks if check.alert == alert]
         assert any(c.fires for c in checks) and not all(c.fires for c in checks), alert
+    for alert in STATE_ALERTS:
+        state_checks = [check for case in STATE_CASES for check in case.checks if check.alert == alert]
+        assert any(c.fires for c in state_checks) and not all(c.fires for c in state_checks), alert
 
 
 def test_the_chart_default_is_the_slot_count_the_cases_expect() -> None:
@@ -467,7 +618,7 @@ def test_promtool_check_rules_accepts_the_chart_rules(tmp_path: Path, promtool_b
     rules = write_rule_file(tmp_path / "rules.yaml", chart_rules(MONITORING))
     result = promtool(promtool_binary, ["check", "rules", str(rules)], tmp_path)
     assert result.code == 0, result.output
-    assert "SUCCESS: 7 rules found" in result.output, result.output
+    assert "SUCCESS: 10 rules found" in result.output, result.output
 
 
 def test_alerts_fire_for_the_failing_job_in_its_own_namespace(tmp_path: Path, promtool_binary: Path) -> None:

@@ -105,6 +105,21 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
     assert uids == {"${datasource}"}, "every panel reads the chosen Prometheus data source"
 
 
+def test_the_dashboard_shows_the_operators_health_and_jobs_that_cannot_run() -> None:
+    """The operator's pods by version, their CPU and memory (process_* of guardedcron's
+    targets only: joined with guardedcron_build_info on the scrape target), and the
+    GuardedCronJobs the Invalid, Stalled and NeverSucceeded alerts are about."""
+    queries = panel_queries(dashboard())
+    exprs = " ".join(expr for _, expr in queries)
+    for needed in ("count by (version) (guardedcron_build_info)", "rate(process_cpu_seconds_total",
+                   "process_resident_memory_bytes", "guardedcron_condition{",
+                   "guardedcron_failed_runs_before_first_success{"):
+        assert needed in exprs, needed
+    for title, expr in queries:
+        if "process_" in expr:
+            assert expr.endswith("* on (job, instance) group_left (version) guardedcron_build_info"), title
+
+
 def test_the_optional_configmap_carries_the_dashboard_with_the_sidecar_label() -> None:
     assert not by_kind(render(), "ConfigMap"), "off by default"
     config_map = one(render(ENABLED), "ConfigMap")

@@ -7,15 +7,17 @@ from typing import Any
 
 import promql_parser
 import pytest
+import yaml
 
 from tests.support import REPO
-from tests.support.chart import one, render
+from tests.support.chart import CHART, one, render
 from tests.support.prometheus import exported_series, selectors
 
 ALERTS = {
     "GuardedCronJobMissedRun", "GuardedCronJobSlotNotStarted", "GuardedCronJobOverlap",
     "GuardedCronJobNoRecentSuccess", "GuardedCronJobGuardErrors", "GuardedCronOperatorReconcileErrors",
-    "GuardedCronOperatorDown",
+    "GuardedCronOperatorDown", "GuardedCronJobInvalid", "GuardedCronJobStalled",
+    "GuardedCronJobNeverSucceeded",
 }
 # Labels the scrape gives a series that does not carry them itself (tests/support/prometheus.py,
 # operator_target_labels): how GuardedCronOperatorDown picks this release's operator.
@@ -103,3 +105,44 @@ def test_alerts_match_what_the_operator_exports(rules: list[dict[str, Any]]) -> 
                 assert matcher.name in exported[selector.name] | SCRAPE_LABELS
                 if matcher.name == "outcome":
                     assert matcher.value in OUTCOME_LABELS.values(), matcher.value
+
+
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but hyphens and
+    underscores dropped, spaces as hyphens (outside fenced code, where # is a comment)."""
+    anchors = set()
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (heading := re.match(r"#{1,6} (.+)", line)):
+            anchors.add(re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def test_every_alert_links_its_own_section_of_the_runbooks(rules: list[dict[str, Any]]) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    page = values["metrics"]["prometheusRule"]["runbookUrl"]
+    assert page.endswith("/docs/runbooks.md"), page
+    anchors = github_anchors(RUNBOOKS.read_text())
+    for rule in rules:
+        url = rule["annotations"]["runbook_url"]
+        assert url == f"{page}#{rule['alert'].lower()}", (rule["alert"], url)
+        assert url.split("#", 1)[1] in anchors, f"docs/runbooks.md has no section for {rule['alert']}"
+
+
+def test_the_runbooks_page_has_a_section_for_each_alert_and_no_other() -> None:
+    sections = re.findall(r"^## (\w+)$", RUNBOOKS.read_text(), flags=re.MULTILINE)
+    assert sorted(sections) == sorted(ALERTS)
+    assert len(sections) == len(set(sections))
+
+
+def test_the_runbook_page_comes_from_values() -> None:
+    rule = one(render({"metrics": {"prometheusRule": {
+        "enabled": True, "runbookUrl": "https://wiki.example/ops/guardedcron"}}}), "PrometheusRule")
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for r in rule["spec"]["groups"][0]["rules"]}
+    assert urls["GuardedCronJobInvalid"] == "https://wiki.example/ops/guardedcron#guardedcronjobinvalid"
+    assert all(url.startswith("https://wiki.example/ops/guardedcron#") for url in urls.values())

@@ -45,6 +45,12 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
      "additional properties 'noSuccessPeriods'"),
     ("severity", {"metrics": {"prometheusRule": {"severity": {"overlap": "page"}}}},
      "/metrics/prometheusRule/severity/overlap"),
+    ("new alert's severity", {"metrics": {"prometheusRule": {"severity": {"neverSucceeded": "high"}}}},
+     "/metrics/prometheusRule/severity/neverSucceeded"),
+    ("runbook page with an anchor", {"metrics": {"prometheusRule": {
+        "runbookUrl": "https://wiki.example/runbooks#top"}}}, "/metrics/prometheusRule/runbookUrl"),
+    ("runbook page not a URL", {"metrics": {"prometheusRule": {"runbookUrl": "docs/runbooks.md"}}},
+     "/metrics/prometheusRule/runbookUrl"),
     ("memory quantity", {"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
     ("unknown resource", {"resources": {"limits": {"gpu": 1}}}, "additional properties 'gpu'"),
     ("log level", {"logLevel": "verbose"}, "/logLevel"),

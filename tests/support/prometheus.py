@@ -15,7 +15,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from guardedcron.observability.metrics import create_metrics, record_changes
-from guardedcron.spec import parse_guarded_cronjob
+from guardedcron.spec import SpecError, parse_guarded_cronjob
 from guardedcron.status import compute_status
 
 # promtool checks and rule tests take well under a second.
@@ -106,9 +106,12 @@ def selectors(expr: Any) -> list[Any]:
 
 def exported_series() -> dict[str, set[str]]:
     """Series name -> label names, as the operator's own registry exports them (a
-    histogram as its _bucket, _sum and _count series, `le` on the buckets)."""
+    histogram as its _bucket, _sum and _count series, `le` on the buckets), with the
+    series it exports before any GuardedCronJob (process_*, guardedcron_build_info)."""
     metrics = create_metrics(CollectorRegistry())
-    exported: dict[str, set[str]] = {}
+    exported: dict[str, set[str]] = {
+        sample.name: set(sample.labels)
+        for family in metrics.registry.collect() for sample in family.samples}
     for metric in vars(metrics).values():
         labels = set(getattr(metric, "_labelnames", ()))
         if isinstance(metric, Counter):
@@ -144,3 +147,29 @@ def exported_gauges(gcj: Mapping[str, Any], previous_status: Mapping[str, Any] |
     record_changes(metrics, **labels, changes=change.metrics)
     found = {name: metrics.registry.get_sample_value(name, labels) for name in DEADLINE_GAUGES}
     return {name: value for name, value in found.items() if value is not None}
+
+
+# A series of one GuardedCronJob: its name, and its labels but namespace and name.
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def exported_job_gauges(gcj: Mapping[str, Any], previous_status: Mapping[str, Any] | None,
+                        now: datetime, *, apply_error: str | None = None,
+                        no_success_slots: int = 2) -> dict[SeriesKey, float]:
+    """Every gauge sample one real pass over `gcj` (no CronJob, no Jobs; the runs and their
+    counts in `previous_status`) makes the operator's /metrics show for it, by SeriesKey.
+    An invalid spec is passed on as the handlers do: no parsed spec, its problems."""
+    try:
+        parsed, problems = parse_guarded_cronjob(dict(gcj)), ()
+    except SpecError as error:
+        parsed, problems = None, error.problems
+    change = compute_status(gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=None, jobs=[],
+                            pods_by_job={}, previous_status=previous_status, now=now,
+                            apply_error=apply_error, no_success_slots=no_success_slots)
+    metrics = create_metrics(CollectorRegistry())
+    job = {"namespace": gcj["metadata"]["namespace"], "name": gcj["metadata"]["name"]}
+    record_changes(metrics, **job, changes=change.metrics)
+    return {(sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k not in job))):
+            sample.value
+            for family in metrics.registry.collect() if family.type == "gauge"
+            for sample in family.samples if all(sample.labels.get(k) == v for k, v in job.items())}

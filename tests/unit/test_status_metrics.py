@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from guardedcron import contract
+from guardedcron.cli.main import installed_version
 from guardedcron.observability import (
     Metrics,
     create_metrics,
@@ -157,6 +158,9 @@ async def test_a_deleted_guardedcronjob_stops_being_exported(served: tuple[Metri
     assert value(await scrape(url), "guardedcron_runs_total", **LABELS, outcome="succeeded") == 1
     for kind in (contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL, contract.RUN_KIND_SKIPPED_TIME):
         metrics.make_up_runs.labels(LABELS["namespace"], LABELS["name"], kind).inc()
+    # A success removed it; as a job that never succeeded has it:
+    metrics.failed_before_first_success.labels(LABELS["namespace"], LABELS["name"]).set(2)
+    assert value(await scrape(url), "guardedcron_condition", **LABELS, type="Invalid") == 0
     forget(metrics, **LABELS)
     forget(metrics, **LABELS)  # twice is fine
     samples = await scrape(url)
@@ -169,3 +173,83 @@ async def test_registries_are_separate() -> None:
     labels = {"namespace": "a", "name": "b"}
     assert first.registry.get_sample_value("guardedcron_missed_runs_total", labels) == 1
     assert second.registry.get_sample_value("guardedcron_missed_runs_total", labels) is None
+
+
+async def test_the_endpoint_serves_the_process_and_the_build_version(served: tuple[Metrics, str]) -> None:
+    """Before any GuardedCronJob: the process's own series (prometheus_client's
+    ProcessCollector, on the operator's registry) and the version, as pip installed it."""
+    _, url = served
+    samples = await scrape(url)
+    assert value(samples, "guardedcron_build_info", version=installed_version()) == 1
+    assert [key for key in samples if key[0] == "guardedcron_build_info"] == [
+        ("guardedcron_build_info", (("version", installed_version()),))]
+    assert (value(samples, "process_resident_memory_bytes") or 0) > 10 * 2**20
+    assert value(samples, "process_cpu_seconds_total") is not None
+    assert (value(samples, "process_open_fds") or 0) >= 3
+    started = value(samples, "process_start_time_seconds")
+    assert started is not None and started > slot(10).timestamp()
+
+
+NEVER = "guardedcron_failed_runs_before_first_success"
+
+
+async def test_runs_that_failed_before_the_first_success(served: tuple[Metrics, str], runs: Runs) -> None:
+    """0 until the first run ends; each run that ends without success counts (a skip does
+    not); the series goes with the first success, and stays gone after later failures."""
+    metrics, url = served
+    op = Operator(metrics)
+    op.step([])
+    assert value(await scrape(url), NEVER, **LABELS) == 0
+    op.step([runs.running(slot(10), 1)])
+    assert value(await scrape(url), NEVER, **LABELS) == 0
+    world = [runs.failed(slot(10), 1)]
+    op.step(world, minutes=15)
+    assert value(await scrape(url), NEVER, **LABELS) == 1
+    world += [runs.skipped(slot(11), 7), runs.timed_out(slot(12), 8), runs.guard_error(slot(13))]
+    op.step(world, minutes=4 * 24 * 60)
+    assert value(await scrape(url), NEVER, **LABELS) == 3
+    # An operator restart: a new registry, the status as stored.
+    restarted = Operator(create_metrics())
+    restarted.status, restarted.now = op.status, op.now
+    restarted.step(world)
+    assert restarted.metrics.registry.get_sample_value(NEVER, LABELS) == 3
+    world += [runs.succeeded(slot(14), 9)]
+    op.step(world, minutes=24 * 60)
+    assert value(await scrape(url), NEVER, **LABELS) is None
+    op.step([*world, runs.failed(slot(15), 10)], minutes=24 * 60)
+    assert value(await scrape(url), NEVER, **LABELS) is None
+
+
+async def test_suspended_a_job_that_never_succeeded_has_no_count(
+        served: tuple[Metrics, str], runs: Runs) -> None:
+    metrics, url = served
+    op = Operator(metrics)
+    op.step([runs.failed(slot(10), 1)], minutes=15)
+    assert value(await scrape(url), NEVER, **LABELS) == 1
+    change = compute_change([runs.failed(slot(10), 1)], op.status, op.now + timedelta(minutes=1),
+                            gcj=the_gcj(created=slot(10) - timedelta(minutes=1), suspend=True))
+    record_changes(metrics, **LABELS, changes=change.metrics)
+    assert value(await scrape(url), NEVER, **LABELS) is None
+
+
+async def test_invalid_and_stalled_follow_the_conditions(served: tuple[Metrics, str]) -> None:
+    """guardedcron_condition is 1 while the status's condition is True: a misspelt time
+    zone (Invalid), a CronJob the API server refuses (Stalled); 0 for a valid object."""
+    metrics, url = served
+    now = slot(10)
+
+    def conditions(gcj: dict[str, Any], apply_error: str | None = None) -> dict[str, float | None]:
+        change = compute_change([], None, now, gcj=gcj, apply_error=apply_error)
+        record_changes(metrics, **LABELS, changes=change.metrics)
+        return {kind: metrics.registry.get_sample_value("guardedcron_condition", {**LABELS, "type": kind})
+                for kind in ("Invalid", "Stalled")}
+
+    assert conditions(the_gcj(timeZone="Europe/Berln")) == {"Invalid": 1, "Stalled": 0}
+    assert conditions(the_gcj(), apply_error="admission webhook denied the request") == {
+        "Invalid": 0, "Stalled": 1}
+    assert conditions(the_gcj()) == {"Invalid": 0, "Stalled": 0}
+    assert conditions(the_gcj(timeZone="Europe/Berln")) == {"Invalid": 1, "Stalled": 0}
+    samples = await scrape(url)
+    assert value(samples, "guardedcron_condition", **LABELS, type="Invalid") == 1
+    # An invalid spec has no schedule: no deadline series.
+    assert all(value(samples, name, **LABELS) is None for name in DEADLINES)

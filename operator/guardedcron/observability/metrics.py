@@ -6,7 +6,8 @@ Names and labels are a contract with the chart's PrometheusRule (docs/design.md,
 statuses (the same ones that make Events), so an idle resync or an operator restart
 counts nothing twice; gauges are set from the status itself, so they are right again
 after a restart. This module only counts. Metrics live in their own registry, not the
-process-global one, so tests and several operators in one process do not mix.
+process-global one, so tests and several operators in one process do not mix; each
+registry also carries the process's own (`process_*`) and the build's version.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from guardedcron import arenas, contract
-from guardedcron.status import MetricChanges, Outcome
+from guardedcron import __version__, arenas, contract
+from guardedcron.status import EXPORTED_CONDITIONS, MetricChanges, Outcome
 
 # The `outcome` label of runs_total and run_duration_seconds.
 OUTCOME_LABELS: Final[Mapping[Outcome, str]] = {
@@ -55,12 +56,19 @@ class Metrics:
     reconcile_errors: Counter
     suspended_after_failures: Gauge
     make_up_runs: Counter
+    condition: Gauge
+    failed_before_first_success: Gauge
+    build_info: Gauge
 
 
 def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
     """Every guardedcron metric, registered in `registry` (a new one if not given)."""
     registry = registry if registry is not None else CollectorRegistry()
     per_job = ("namespace", "name")
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, _resident_memory_bytes, ...
+    build_info = Gauge("guardedcron_build_info", "Always 1; the operator's version as a label.",
+                       ("version",), registry=registry)
+    build_info.labels(__version__).set(1)
     return Metrics(
         registry=registry,
         runs=Counter("guardedcron_runs_total", "Finished runs by outcome.",
@@ -101,6 +109,15 @@ def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         make_up_runs=Counter("guardedcron_make_up_runs_total",
                              "Jobs the operator started for past slots, by kind (catch-up, backfill).",
                              (*per_job, "kind"), registry=registry),
+        condition=Gauge("guardedcron_condition",
+                        "1 while the condition `type` (Invalid, Stalled) is True, else 0.",
+                        (*per_job, "type"), registry=registry),
+        failed_before_first_success=Gauge(
+            "guardedcron_failed_runs_before_first_success",
+            "Runs that ended without success while none has succeeded (0 before the first "
+            "ends); no series once one has, or while spec.suspend is set.",
+            per_job, registry=registry),
+        build_info=build_info,
     )
 
 
@@ -116,7 +133,13 @@ def record_changes(metrics: Metrics, *, namespace: str, name: str, changes: Metr
     if changes.overlaps:
         metrics.overlaps.labels(namespace, name).inc(changes.overlaps)
     if changes.last_success is not None:
-        _set(metrics.last_success, namespace, name, changes.last_success.timestamp())
+        _set(metrics.last_success, changes.last_success.timestamp(), namespace, name)
+    for kind, true in changes.conditions:
+        _set(metrics.condition, 1.0 if true else 0.0, namespace, name, kind)
+    if changes.failed_before_first_success is not None:
+        _set(metrics.failed_before_first_success, changes.failed_before_first_success, namespace, name)
+    else:
+        _remove(metrics.failed_before_first_success, namespace, name)
     deadlines = changes.deadlines
     for gauge, instant in (
         (metrics.next_slot, deadlines.next_slot if deadlines else None),
@@ -124,17 +147,17 @@ def record_changes(metrics: Metrics, *, namespace: str, name: str, changes: Metr
         (metrics.success_overdue, deadlines.success_overdue if deadlines else None),
     ):
         if instant is not None:
-            _set(gauge, namespace, name, instant.timestamp())
+            _set(gauge, instant.timestamp(), namespace, name)
         else:  # no run expected (suspended, invalid spec) or no such slot: no series
             _remove(gauge, namespace, name)
 
 
-def _set(gauge: Gauge, namespace: str, name: str, value: float) -> None:
+def _set(gauge: Gauge, value: float, *labels: str) -> None:
     """Set a series' gauge, left alone if it holds `value` already: most passes set the
     value the series has, and the float it holds lives as long as the series (made with
     it in the kept arena, guardedcron.arenas), where each pass's copy would be made among
     the pass's short-lived objects and outlive them."""
-    series = gauge.labels(namespace, name)
+    series = gauge.labels(*labels)
     if series._value.get() != value:  # prometheus_client's holder of a gauge's value
         series.set(arenas.fresh_float(value))
 
@@ -145,7 +168,7 @@ def record_suspension(metrics: Metrics, *, namespace: str, name: str, suspended:
     if suspended is None:
         _remove(metrics.suspended_after_failures, namespace, name)
     else:
-        _set(metrics.suspended_after_failures, namespace, name, 1 if suspended else 0)
+        _set(metrics.suspended_after_failures, 1 if suspended else 0, namespace, name)
 
 
 def observe_reconcile(metrics: Metrics, *, namespace: str, name: str, seconds: float, error: bool) -> None:
@@ -171,8 +194,11 @@ def forget(metrics: Metrics, *, namespace: str, name: str) -> None:
     """Drop every series of a deleted GuardedCronJob, so it stops being exported."""
     for metric in (metrics.missed_runs, metrics.overlaps, metrics.last_success, metrics.next_slot,
                    metrics.next_slot_start_deadline, metrics.success_overdue,
-                   metrics.reconcile_errors, metrics.suspended_after_failures):
+                   metrics.reconcile_errors, metrics.suspended_after_failures,
+                   metrics.failed_before_first_success):
         _remove(metric, namespace, name)
+    for kind in EXPORTED_CONDITIONS:
+        _remove(metrics.condition, namespace, name, kind)
     for kind in (contract.RUN_KIND_CATCH_UP, contract.RUN_KIND_BACKFILL, contract.RUN_KIND_SKIPPED_TIME):
         _remove(metrics.make_up_runs, namespace, name, kind)
     for outcome in OUTCOME_LABELS.values():

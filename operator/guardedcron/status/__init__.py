@@ -3,6 +3,7 @@ whole desired status of a GuardedCronJob and what follows from writing it (Event
 metric changes, outcomes to record, pods to stop)."""
 
 from guardedcron.status.change import (
+    EXPORTED_CONDITIONS,
     STATUS_KEYS,
     FinishedRun,
     MetricChanges,
@@ -27,6 +28,7 @@ from guardedcron.status.transitions import EventReason, RunEvent, run_events
 
 __all__ = [
     "DEGRADED_AFTER_GUARD_ERRORS",
+    "EXPORTED_CONDITIONS",
     "STATUS_KEYS",
     "AlertDeadlines",
     "EventReason",

@@ -21,7 +21,9 @@ from datetime import datetime
 from typing import Any, Final
 
 from guardedcron.spec import DEFAULT_NO_SUCCESS_SLOTS, ParsedSpec
+from guardedcron.status import conditions as cond
 from guardedcron.status.deadlines import AlertDeadlines, alert_deadlines
+from guardedcron.status.history import COUNT_KEYS
 from guardedcron.status.lease_loss import STOP_WORKLOAD, StopOrder, workloads_to_stop
 from guardedcron.status.outcomes import OutcomeRecord, outcomes_to_record
 from guardedcron.status.runs import Outcome, RunRecord
@@ -35,6 +37,12 @@ STATUS_KEYS: Final = (
     "lastSuccessfulTime", "lastRun", "recentRuns", "runCounts", "lastTriggerToken",
     "catchUp", "backfill", "failures", "resolvedSchedule", "skippedTime",
 )
+# The conditions exported as guardedcron_condition: those that keep a spec from being put
+# in place (a new GuardedCronJob then never runs; a changed one runs its last valid CronJob).
+EXPORTED_CONDITIONS: Final = (cond.INVALID, cond.STALLED)
+# status.runCounts keys of runs that ended without success (a skip is another run's slot).
+_UNSUCCESSFUL: Final = tuple(COUNT_KEYS[o] for o in (Outcome.FAILED, Outcome.TIMED_OUT, Outcome.LOST,
+                                                     Outcome.GUARD_ERROR))
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,11 @@ class MetricChanges:
     # The schedule-aware alerts' gauges; None: no such series (spec invalid, suspended, or
     # no creation time to count slots from).
     deadlines: AlertDeadlines | None
+    # (type, whether it is True) of each of EXPORTED_CONDITIONS.
+    conditions: tuple[tuple[str, bool], ...] = ()
+    # Runs that ended without success while none has succeeded (status.runCounts); None: no
+    # series (a run has succeeded, or spec.suspend is set: no runs are expected).
+    failed_before_first_success: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,8 @@ def what_follows(*, previous: Mapping[str, Any], before: Mapping[str, RunRecord]
         overlaps=sum(1 for event in events if event.reason is EventReason.OVERLAP),
         last_success=parse_time(status.get("lastSuccessfulTime")),
         deadlines=_deadlines(parsed, status, created_at, no_success_slots),
+        conditions=tuple((kind, cond.is_true(conditions_of(status), kind)) for kind in EXPORTED_CONDITIONS),
+        failed_before_first_success=_failed_before_first_success(parsed, status),
     )
     stopping = parsed is not None and parsed.spec.lease.on_lost == STOP_WORKLOAD
     return StatusChange(
@@ -139,6 +154,15 @@ def _deadlines(parsed: ParsedSpec | None, status: Mapping[str, Any], created_at:
     return alert_deadlines(parsed, last_scheduled=parse_time(status.get("lastScheduleTime")),
                            last_success=parse_time(status.get("lastSuccessfulTime")),
                            created_at=created_at, no_success_slots=no_success_slots)
+
+
+def _failed_before_first_success(parsed: ParsedSpec | None, status: Mapping[str, Any]) -> int | None:
+    """The unsuccessful runs of a GuardedCronJob none of whose runs succeeded (0 before the
+    first run ends); None once one has, or while spec.suspend stops its runs."""
+    if status.get("lastSuccessfulTime") or (parsed is not None and parsed.spec.suspend):
+        return None
+    counts: Mapping[str, int] = status.get("runCounts") or {}  # compute_status's add_counts
+    return sum(counts.get(key, 0) for key in _UNSUCCESSFUL)
 
 
 def _duration(run: RunRecord) -> float | None:
