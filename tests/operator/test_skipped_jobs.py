@@ -4,6 +4,7 @@ failedJobsHistoryLimit; real failures and running Jobs stay."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from guardedcron.handlers.context import PassMemory
-from guardedcron.kube import KubeClient
+from guardedcron.kube import JOBS, PODS, KubeClient
 from tests.operator.passes import create_gcj, one_pass
 from tests.operator.runs_support import full_pass, store_run
 from tests.support import status_objects as k
@@ -95,3 +96,50 @@ async def test_a_refused_removal_is_one_warning(api: GuardedEmulator, client: Ku
     # bookkeeping drops the object before the reaction answers, so only the requests tell.
     assert len(job_deletes(api)) == 1
     assert reasons(api).count("SkippedJobKept") == 1
+
+
+
+
+async def running_run_in_status(api: GuardedEmulator, client: KubeClient,
+                                runs: Runs) -> Callable[[], Awaitable[None]]:
+    """A running run stored and seen by a pass; returns what deletes its Job and pods."""
+    await create_gcj(client, base_gcj())
+    await one_pass(client, NS, NAME, now=T0)
+    job, pods = runs.running(AT, 41)
+    await store_run(client, job, pods)
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory())
+    assert (api.object(GCJ_RES, NS, NAME) or {})["status"]["lastRun"]["outcome"] == "Running"
+
+    async def remove_run() -> None:
+        await client.delete(JOBS, NS, job["metadata"]["name"])
+        for pod in pods:
+            await client.delete(PODS, NS, pod["metadata"]["name"])
+
+    return remove_run
+
+
+async def test_a_run_whose_job_the_index_lacks_is_read_from_the_api_not_closed_as_deleted(
+        api: GuardedEmulator, client: KubeClient, runs: Runs) -> None:
+    """A standby operator that resumes re-lists each resource on its own: a pass can come
+    before its Jobs are indexed again. Status remembers the run open; its Job is still
+    there and has succeeded meanwhile, so the run is Succeeded, not 'Job deleted'."""
+    remove_run = await running_run_in_status(api, client, runs)
+    await remove_run()
+    done, pods = runs.succeeded(AT, 41)
+    await store_run(client, done, pods)
+
+    await one_pass(client, NS, NAME, now=T0 + timedelta(minutes=11))  # its index holds no Job
+
+    last = (api.object(GCJ_RES, NS, NAME) or {})["status"]["lastRun"]
+    assert (last["job"], last["outcome"]) == (done["metadata"]["name"], "Succeeded"), last
+
+
+async def test_a_run_whose_job_is_gone_is_closed_as_deleted(
+        api: GuardedEmulator, client: KubeClient, runs: Runs) -> None:
+    remove_run = await running_run_in_status(api, client, runs)
+    await remove_run()
+
+    await one_pass(client, NS, NAME, now=T0 + timedelta(minutes=11))
+
+    last = (api.object(GCJ_RES, NS, NAME) or {})["status"]["lastRun"]
+    assert last["outcome"] == "Failed" and last["reason"].startswith("Job deleted before it finished"), last

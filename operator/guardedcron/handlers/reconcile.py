@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -50,6 +50,8 @@ from guardedcron.kube import (
     CRONJOBS,
     EVENTS,
     GUARDED_CRONJOBS,
+    JOBS,
+    PODS,
     ApiError,
     Conflict,
     KubeClient,
@@ -59,12 +61,12 @@ from guardedcron.kube import (
     apply_needed,
 )
 from guardedcron.kube.credentials import discover_credentials
-from guardedcron.objects import controlled_by, uid_of
+from guardedcron.objects import controlled_by, get_path, uid_of
 from guardedcron.observability.events import build_event
 from guardedcron.observability.metrics import forget as forget_metrics
 from guardedcron.observability.metrics import reconcile_timer, record_changes, record_suspension
 from guardedcron.spec import ParsedSpec, Problem, SpecError, parse_guarded_cronjob
-from guardedcron.status import EventReason, RunEvent, SchedulingStatus, compute_status, merge_runs
+from guardedcron.status import EventReason, RunEvent, RunRecord, SchedulingStatus, compute_status, merge_runs
 from guardedcron.status.history import known_records, newest_first
 from guardedcron.status.suspension import SuspensionDecision
 
@@ -134,6 +136,7 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     # The runs as the previous status and the live Jobs tell them: whether failures
     # suspend the CronJob is decided before it is applied (compute_status reads them again).
     remembered = known_records(previous)
+    observed = await with_jobs_the_index_lacks(observed, remembered, client)
     runs = newest_first(merge_runs(remembered, observed.jobs, observed.pods_by_job, now))
     suspension = (suspension_for(gcj, parsed, runs, previous, now) if parsed is not None
                   else SuspensionDecision(suspended=False, status=None))
@@ -396,6 +399,28 @@ def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool, handled
     # the namespace-scoped install grants none.
     settings.scanning.disabled = namespaced
     settings.watching.chunk_size = LIST_CHUNK_SIZE
+
+
+async def with_jobs_the_index_lacks(observed: Observed, remembered: Mapping[str, RunRecord],
+                                    client: KubeClient) -> Observed:
+    """`observed`, plus the Jobs (and their pods) of runs status still has open that the
+    index does not hold, read from the API server. A run is closed as deleted only when
+    its Job is gone, and an index can lag: a standby operator that resumes re-lists each
+    resource on its own, so a GuardedCronJob can come back before its Jobs do."""
+    indexed = {get_path(job, "metadata", "name") for job in observed.jobs}
+    missing = [name for name, run in remembered.items() if not run.final and name not in indexed]
+    if not missing:
+        return observed
+    namespace, name = gcj_key(observed.gcj)
+    jobs, pods_by_job = list(observed.jobs), dict(observed.pods_by_job)
+    for job_name in missing:
+        job = await _get_or_none(client, (namespace, job_name), JOBS)
+        if job is None or owner_key(job) != (namespace, name):
+            continue
+        jobs.append(job)
+        pods = await client.list(PODS, namespace, label_selector=f"{contract.LABEL_JOB_NAME}={job_name}")
+        pods_by_job[job_name] = [trimmed(pod, keep_spec=False) for pod in pods]
+    return replace(observed, jobs=jobs, pods_by_job=pods_by_job)
 
 
 async def _get_or_none(client: KubeClient, key: Key, resource: Resource = CRONJOBS) -> Body | None:
