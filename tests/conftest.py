@@ -39,6 +39,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     quiet_checks_first_e2e_last(items)
 
 
+# --- where the suite's time goes: one line per tier at the end of every run -----------
+TIER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = "/".join(report.nodeid.split("/")[:2]).split("::")[0]  # tests/<tier>
+    TIER_SECONDS[tier] = TIER_SECONDS.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if TIER_SECONDS:
+        terminalreporter.section("time per tier (set-up, call and tear-down)")
+        for tier, seconds in sorted(TIER_SECONDS.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{seconds:8.0f} s  {tier}")
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[ThrowawayPostgres]:
     with ThrowawayPostgres() as server:
