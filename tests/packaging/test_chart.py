@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from guardedcron.cli.operator_memory import ALLOCATOR_ENV
+from guardedcron.spec import settings_from_env
 from tests.support.chart import (
     CHART,
     RELEASE_NAMESPACE,
@@ -129,6 +130,26 @@ def test_operator_settings_reach_the_environment() -> None:
     assert default["GUARDEDCRON_NAMESPACES"] == ""
     assert default["GUARDEDCRON_GUARD_IMAGE"] == "ghcr.io/guardedcron/guardedcron:0.1.0"
     assert default["GUARDEDCRON_STOP_WORKLOAD"] == "false"
+
+
+@pytest.mark.parametrize(("guard", "secrets", "user"), [
+    pytest.param({}, (), 65532, id="defaults"),
+    pytest.param({"imagePullSecrets": [{"name": "regcred"}, {"name": "mirror.pull"}],
+                  "runAsUser": None}, ("regcred", "mirror.pull"), None, id="openshift"),
+    pytest.param({"runAsUser": 1000650000}, (), 1000650000, id="large-uid-not-in-e-notation"),
+])
+def test_the_guards_pull_secrets_and_user_reach_the_operator(
+        guard: dict[str, Any], secrets: tuple[str, ...], user: int | None) -> None:
+    """Rendered into the Deployment, then read back by the operator's own settings."""
+    deployment = one(render({"imagePullSecrets": [{"name": "operator-pull"}], "guard": guard}),
+                     "Deployment")
+    env = env_of(deployment)
+    assert env["GUARDEDCRON_GUARD_IMAGE_PULL_SECRETS"] == ",".join(secrets)
+    assert env["GUARDEDCRON_GUARD_RUN_AS_USER"] == ("" if user is None else str(user))
+    settings = settings_from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    assert (settings.guard_image_pull_secrets, settings.guard_run_as_user) == (secrets, user)
+    # the operator pod's own pull secrets stay its own
+    assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "operator-pull"}]
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)

@@ -65,6 +65,15 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("label value not a string", {"podLabels": {"team": 7}}, "/podLabels/team"),
     ("cluster name", {"clusterName": "eu west"}, "/clusterName"),
     ("pull secret", {"imagePullSecrets": ["regcred"]}, "/imagePullSecrets/0"),
+    ("guard pull secret as a name", {"guard": {"imagePullSecrets": ["regcred"]}},
+     "/guard/imagePullSecrets/0"),
+    ("guard pull secret name", {"guard": {"imagePullSecrets": [{"name": "Reg_Cred"}]}},
+     "/guard/imagePullSecrets/0/name"),
+    ("guard pull secret twice", {"guard": {"imagePullSecrets": [{"name": "a"}, {"name": "a"}]}},
+     "/guard/imagePullSecrets"),
+    ("guard user root", {"guard": {"runAsUser": 0}}, "/guard/runAsUser"),
+    ("guard user as a string", {"guard": {"runAsUser": "65532"}}, "/guard/runAsUser"),
+    ("guard user past int32", {"guard": {"runAsUser": 2**31}}, "/guard/runAsUser"),
 ]
 
 
@@ -92,6 +101,13 @@ def test_good_variants_pass_the_schema() -> None:
         "global": {"imageRegistry": "mirror.example"},
     })
     assert result.code == 0, result.stderr
+
+
+def test_the_guards_pull_secrets_and_a_platform_user_pass_the_schema() -> None:
+    result = template({"guard": {"imagePullSecrets": [{"name": "regcred"}, {"name": "mirror.pull"}],
+                                 "runAsUser": None}})
+    assert result.code == 0, result.stderr
+    assert template({"guard": {"runAsUser": 1000650000}}).code == 0
 
 
 def test_helm_install_refuses_bad_values_too() -> None:

@@ -383,6 +383,56 @@ def test_no_resources_at_all_when_every_amount_is_emptied() -> None:
     assert get(build(base_gcj(), settings), f"{POD}.initContainers[0].resources") == {}
 
 
+# --- pull secrets and user ids for the injected containers (issue 34) ------------------
+PULL_SECRETS = "GUARDEDCRON_GUARD_IMAGE_PULL_SECRETS"
+
+
+@pytest.mark.parametrize(("own", "chart_wide", "expected"), [
+    pytest.param([{"name": "b"}, {"name": "a"}], "a,c", ["b", "a", "c"],
+                 id="the-jobs-own-first-then-new-chart-wide-ones"),
+    pytest.param([{"name": "a"}, {"name": "a"}], "c,c", ["a", "c"], id="each-name-once"),
+])
+def test_chart_wide_pull_secrets_join_the_jobs_own(own: list[dict[str, str]],
+                                                   chart_wide: str, expected: list[str]) -> None:
+    cronjob = build(put(base_gcj(), f"{USER_POD}.imagePullSecrets", own),
+                    settings_from_env({PULL_SECRETS: chart_wide}))
+    assert get(cronjob, f"{POD}.imagePullSecrets") == [{"name": name} for name in expected]
+    kubernetes_validate.validate(cronjob, "1.34.0", strict=True)
+
+
+def test_the_pod_gets_a_pull_secrets_field_only_when_there_are_some() -> None:
+    """Without any, a CronJob stays byte-for-byte what it was before the setting."""
+    assert "imagePullSecrets" not in get(build(base_gcj(), settings_from_env({PULL_SECRETS: ""})),
+                                         POD)
+    pulled = get(build(base_gcj(), settings_from_env({PULL_SECRETS: "regcred"})), POD)
+    assert pulled["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_a_pull_secret_entry_without_a_name_is_left_for_the_api_server() -> None:
+    obj = put(base_gcj(), f"{USER_POD}.imagePullSecrets", [{}, "x"])
+    pulled = get(build(obj, settings_from_env({PULL_SECRETS: "regcred"})), f"{POD}.imagePullSecrets")
+    assert pulled == [{}, "x", {"name": "regcred"}]
+
+
+def test_without_a_user_id_the_pod_or_the_platform_chooses_one() -> None:
+    obj = put(put(base_gcj(), "spec.lease.heartbeat", True),
+              f"{USER_POD}.securityContext", {"runAsUser": 1000650000})
+    for container in get(build(obj), f"{POD}.initContainers"):  # by default: 65532
+        context = container["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"]) == (65532, 65532)
+    cronjob = build(obj, settings_from_env({"GUARDEDCRON_GUARD_RUN_AS_USER": ""}))
+    for container in get(cronjob, f"{POD}.initContainers"):
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,  # still refused as root, whoever picks the uid
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+    assert get(cronjob, f"{POD}.securityContext") == {"runAsUser": 1000650000}  # the job's own
+    kubernetes_validate.validate(cronjob, "1.34.0", strict=True)
+
+
 # --- clashes with what guardedcron injects --------------------------------------------
 @pytest.mark.parametrize(("path", "value", "problem_path", "words"), [
     pytest.param(f"{USER_POD}.initContainers", [{"name": "guardedcron-guard", "image": "x"}],

@@ -434,12 +434,31 @@ def test_settings_empty_values_mean_default_except_resources() -> None:
     ("GUARDEDCRON_RUN_VOLUME_SIZE_LIMIT", "1 MB", "not a Kubernetes quantity"),
     ("GUARDEDCRON_GUARD_RUN_AS_USER", "0", "above 0"),
     ("GUARDEDCRON_GUARD_RUN_AS_USER", "nobody", "above 0"),
+    ("GUARDEDCRON_GUARD_RUN_AS_USER", "2147483648", "at most 2147483647"),
+    ("GUARDEDCRON_GUARD_RUN_AS_USER", "\u0661\u0662", "above 0"),  # Arabic-Indic digits
+    ("GUARDEDCRON_GUARD_IMAGE_PULL_SECRETS", "regcred,Reg_Cred", "'Reg_Cred' is not a Secret name"),
+    ("GUARDEDCRON_GUARD_IMAGE_PULL_SECRETS", "a;b", "comma-separated"),
 ])
 def test_bad_setting_names_its_variable(name: str, value: str, words: str) -> None:
     with pytest.raises(SettingsError) as caught:
         settings_from_env({name: value})
     assert [p.field_path for p in caught.value.problems] == [name]
     assert words in caught.value.problems[0].message
+
+
+@pytest.mark.parametrize(("text", "secrets"), [
+    ("", ()), (" , ", ()), ("regcred", ("regcred",)),
+    (" b , a,b ", ("b", "a")),  # trimmed, each once, in the order given
+])
+def test_the_guards_pull_secrets_are_read_as_a_list(text: str, secrets: tuple[str, ...]) -> None:
+    assert settings_from_env({"GUARDEDCRON_GUARD_IMAGE_PULL_SECRETS": text}
+                             ).guard_image_pull_secrets == secrets
+
+
+def test_an_empty_user_id_leaves_it_to_the_platform() -> None:
+    assert settings_from_env({}).guard_run_as_user == 65532  # unset: the default
+    for blank in ("", " "):  # set but empty: no user, for the pod or the platform to choose
+        assert settings_from_env({"GUARDEDCRON_GUARD_RUN_AS_USER": blank}).guard_run_as_user is None
 
 
 def test_the_default_check_in_secret_is_read_from_the_environment() -> None:

@@ -12,6 +12,7 @@ from guardedcron.builders.guard import (
     build_keeper_container,
     build_run_volume,
     build_workload_mount,
+    merge_image_pull_secrets,
     run_context_env,
 )
 from guardedcron.spec import OperatorSettings, ParsedSpec
@@ -120,6 +121,9 @@ def _guarded_pod_spec(pod_spec: dict[str, Any], parsed: ParsedSpec,
     pod_spec["containers"] = [_with_workload_mount(c, env)
                               for c in pod_spec.get("containers") or ()]
     pod_spec["volumes"] = [build_run_volume(settings), *(pod_spec.get("volumes") or ())]
+    pull_secrets = merge_image_pull_secrets(pod_spec.get("imagePullSecrets"), settings)
+    if pull_secrets:  # only when there are some, so CronJobs without any stay as they were
+        pod_spec["imagePullSecrets"] = pull_secrets
     pod_spec["restartPolicy"] = "Never"
     return pod_spec
 

@@ -150,6 +150,21 @@ def locks_in_cronjob(cronjob: Mapping[str, Any]) -> set[str]:
     return locks
 
 
+def merge_image_pull_secrets(own: Any, settings: OperatorSettings) -> list[Any]:
+    """The pod's imagePullSecrets: the user's own in their order, then the operator's (the
+    guard's image may need them); a name listed twice is kept once, where it came first,
+    since server-side apply refuses a list keyed by name that repeats one. An entry
+    without a name is left as written, for the API server to refuse."""
+    items = [*(own if isinstance(own, list) else ()),
+             *({"name": name} for name in settings.guard_image_pull_secrets)]
+    merged: dict[object, Any] = {}
+    for index, item in enumerate(items):
+        name = item.get("name") if isinstance(item, Mapping) else None
+        key = name if isinstance(name, str) and name else ("as written", index)
+        merged.setdefault(key, dict(item) if isinstance(item, Mapping) else item)
+    return list(merged.values())
+
+
 def build_run_volume(settings: OperatorSettings) -> dict[str, Any]:
     """Memory-backed, so the fence never touches the node's disk, and small."""
     return {
@@ -226,13 +241,17 @@ def _resources(settings: OperatorSettings) -> dict[str, Any]:
 
 
 def _restricted_security_context(settings: OperatorSettings) -> dict[str, Any]:
-    """Meets the Pod Security Standard "restricted", so namespaces enforcing it accept the pod."""
-    return {
+    """Meets the Pod Security Standard "restricted", so namespaces enforcing it accept the pod.
+    Without a user id in the settings the user and group are left out: the pod's
+    securityContext, the platform (OpenShift's restricted SCC assigns a uid from the
+    namespace's range and refuses any other) or the image's USER decides, still non-root."""
+    context: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
-        "runAsUser": settings.guard_run_as_user,
-        "runAsGroup": settings.guard_run_as_user,
-        "seccompProfile": {"type": "RuntimeDefault"},
     }
+    if settings.guard_run_as_user is not None:
+        context["runAsUser"] = settings.guard_run_as_user
+        context["runAsGroup"] = settings.guard_run_as_user
+    return context | {"seccompProfile": {"type": "RuntimeDefault"}}

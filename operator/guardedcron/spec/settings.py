@@ -54,11 +54,16 @@ SHARED_LOCKS_SETTING = (f"the chart value {CHART_VALUE_SHARED_LOCKS} (the operat
 # What goes into every CronJob.
 ENV_GUARD_IMAGE = "GUARDEDCRON_GUARD_IMAGE"
 ENV_GUARD_IMAGE_PULL_POLICY = "GUARDEDCRON_GUARD_IMAGE_PULL_POLICY"
+# Comma-separated Secret names added to every run pod's imagePullSecrets (chart value
+# guard.imagePullSecrets); each must exist in the job's own namespace.
+ENV_GUARD_IMAGE_PULL_SECRETS = "GUARDEDCRON_GUARD_IMAGE_PULL_SECRETS"
 ENV_CLUSTER_NAME = "GUARDEDCRON_CLUSTER_NAME"
 ENV_GUARD_CPU_REQUEST = "GUARDEDCRON_GUARD_CPU_REQUEST"
 ENV_GUARD_MEMORY_REQUEST = "GUARDEDCRON_GUARD_MEMORY_REQUEST"
 ENV_GUARD_CPU_LIMIT = "GUARDEDCRON_GUARD_CPU_LIMIT"
 ENV_GUARD_MEMORY_LIMIT = "GUARDEDCRON_GUARD_MEMORY_LIMIT"
+# Empty: no runAsUser/runAsGroup on the guard and keeper, so the pod's own or the
+# platform's (OpenShift assigns one) applies; unset: the default below.
 ENV_GUARD_RUN_AS_USER = "GUARDEDCRON_GUARD_RUN_AS_USER"
 ENV_RUN_VOLUME_SIZE_LIMIT = "GUARDEDCRON_RUN_VOLUME_SIZE_LIMIT"
 # The check-in URL's Secret for jobs that name none (chart value checkIn.secretName/.secretKey).
@@ -81,6 +86,7 @@ DEFAULT_GUARD_IMAGE = f"ghcr.io/guardedcron/guardedcron:{__version__}"
 DEFAULTS: Mapping[str, str] = {
     ENV_GUARD_IMAGE: DEFAULT_GUARD_IMAGE,
     ENV_GUARD_IMAGE_PULL_POLICY: "IfNotPresent",
+    ENV_GUARD_IMAGE_PULL_SECRETS: "",  # none
     ENV_CLUSTER_NAME: "",
     # A Python process with psycopg: about 30 MiB resident. The CPU limit is loose on
     # purpose: the guard's start-up delays every run, and throttling would stretch it.
@@ -95,6 +101,7 @@ DEFAULTS: Mapping[str, str] = {
 }
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+MAX_USER_ID = 2**31 - 1  # the API server refuses a runAsUser above this
 _QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE]\d+)?$")
 # The holder is "<cluster>/<namespace>/<pod>": the cluster part may not hold a '/'.
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -121,11 +128,14 @@ class OperatorSettings:
     guard_image_pull_policy: str
     cluster_name: str | None  # prefixes lease holders, so two clusters sharing a database differ
     guard_resources: GuardResources
-    guard_run_as_user: int
+    guard_run_as_user: int | None  # None: leave the user and group to the pod or the platform
     run_volume_size_limit: str
     # The Secret (in each job's namespace) of the check-in URL for jobs whose spec.checkIn
     # names none; None: no default check-in. Applied by the builder, never to the spec.
     check_in_secret: SecretKeyRef | None = None
+    # Added, after the user's own, to every run pod's imagePullSecrets: the guard's image
+    # may need them whatever the workload's image does.
+    guard_image_pull_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,7 +183,7 @@ class SettingsError(ValueError):
 
 def settings_from_env(env: Mapping[str, str]) -> OperatorSettings:
     """Read the settings from `env` (pass `os.environ`); unset or empty means the default,
-    except for the resources, where an empty value leaves that request or limit unset."""
+    except for the resources and the user, where an empty value leaves that field unset."""
     problems: list[Problem] = []
 
     def read(name: str, *, empty_is_default: bool = True) -> str:
@@ -210,11 +220,18 @@ def settings_from_env(env: Mapping[str, str]) -> OperatorSettings:
         memory_limit=quantity(ENV_GUARD_MEMORY_LIMIT, optional=True),
     )
     size_limit = quantity(ENV_RUN_VOLUME_SIZE_LIMIT, optional=False) or ""
-    user_text = read(ENV_GUARD_RUN_AS_USER)
-    user = int(user_text) if user_text.isdigit() else 0
-    if user < 1:  # the pod runs as non-root, so 0 is refused too
+    user_text = read(ENV_GUARD_RUN_AS_USER, empty_is_default=False)
+    user = int(user_text) if user_text.isascii() and user_text.isdigit() else None
+    if user_text and (user is None or not 1 <= user <= MAX_USER_ID):  # runAsNonRoot: not 0
         problems.append(Problem(ENV_GUARD_RUN_AS_USER,
-                                f"must be a user id above 0, not {user_text!r}"))
+                                f"must be a user id above 0 (at most {MAX_USER_ID}) or empty "
+                                f"to leave it to the platform, not {user_text!r}"))
+
+    pull_secrets = tuple(dict.fromkeys(
+        name.strip() for name in read(ENV_GUARD_IMAGE_PULL_SECRETS).split(",") if name.strip()))
+    for bad in (n for n in pull_secrets if len(n) > 253 or not _SECRET_NAME.fullmatch(n)):
+        problems.append(Problem(ENV_GUARD_IMAGE_PULL_SECRETS,
+                                f"{bad!r} is not a Secret name (a comma-separated list is expected)"))
 
     check_in_name = read(ENV_CHECK_IN_SECRET_NAME)
     check_in_key = read(ENV_CHECK_IN_SECRET_KEY)
@@ -230,6 +247,7 @@ def settings_from_env(env: Mapping[str, str]) -> OperatorSettings:
         guard_image=image, guard_image_pull_policy=pull_policy, cluster_name=cluster or None,
         guard_resources=resources, guard_run_as_user=user, run_volume_size_limit=size_limit,
         check_in_secret=SecretKeyRef(name=check_in_name, key=check_in_key) if check_in_name else None,
+        guard_image_pull_secrets=pull_secrets,
     )
 
 
