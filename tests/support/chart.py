@@ -50,6 +50,32 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "podLabels": {"team": "platform"},
         "priorityClassName": "system-cluster-critical",
     },
+    "ha-network": {
+        "replicaCount": 2,
+        "peering": {"enabled": True},
+        "outcomeRecording": {"enabled": True},
+        "podDisruptionBudget": {"enabled": True, "minAvailable": "50%", "maxUnavailable": ""},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "DoNotSchedule",
+                                       "matchLabelKeys": ["pod-template-hash"]}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "podAffinityTerm": {"topologyKey": "topology.kubernetes.io/zone",
+                                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "guardedcron"}}},
+        }]}},
+        "networkPolicy": {
+            "enabled": True,
+            "metrics": {"from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}},
+                                  "podSelector": {}}]},
+            "apiServer": {"cidrs": ["172.18.0.2/32"]},
+            "database": {"cidrs": ["10.20.0.0/16"],
+                         "to": [{"ipBlock": {"cidr": "10.30.0.0/16", "except": ["10.30.1.0/24"]}}]},
+            "dns": {"to": [{"namespaceSelector": {},
+                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]},
+            "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.9.9.9/32"}}],
+                             "ports": [{"port": 3128, "endPort": 3130, "protocol": "TCP"}]}],
+        },
+    },
 }
 
 

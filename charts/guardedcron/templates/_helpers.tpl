@@ -116,3 +116,9 @@ Called with (dict "root" $ "clusterWide" bool).
   verbs: ["get"]
 {{- end }}
 {{- end -}}
+
+{{/* Labels that pick out the operator pods alone (PDB, NetworkPolicy, topology spread). */}}
+{{- define "guardedcron.operatorSelectorLabels" -}}
+{{ include "guardedcron.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end -}}
