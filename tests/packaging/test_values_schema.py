@@ -74,6 +74,41 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("guard user root", {"guard": {"runAsUser": 0}}, "/guard/runAsUser"),
     ("guard user as a string", {"guard": {"runAsUser": "65532"}}, "/guard/runAsUser"),
     ("guard user past int32", {"guard": {"runAsUser": 2**31}}, "/guard/runAsUser"),
+    # High availability and network policy
+    ("budget with both bounds", {"podDisruptionBudget": {"minAvailable": 1}}, "/podDisruptionBudget"),
+    ("budget with neither bound", {"podDisruptionBudget": {"maxUnavailable": ""}}, "/podDisruptionBudget"),
+    ("budget bound not an integer", {"podDisruptionBudget": {"maxUnavailable": 1.5}},
+     "/podDisruptionBudget/maxUnavailable"),
+    ("budget bound a word", {"podDisruptionBudget": {"maxUnavailable": "one"}},
+     "/podDisruptionBudget/maxUnavailable"),
+    ("budget percentage over 100", {"podDisruptionBudget": {"maxUnavailable": "150%"}},
+     "/podDisruptionBudget/maxUnavailable"),
+    ("budget key misspelt", {"podDisruptionBudget": {"minAvaliable": 1}},
+     "additional properties 'minAvaliable'"),
+    ("budget switch as a string", {"podDisruptionBudget": {"enabled": "true"}},
+     "/podDisruptionBudget/enabled"),
+    ("spread not a list", {"topologySpreadConstraints": {"maxSkew": 1}}, "/topologySpreadConstraints"),
+    ("spread without topologyKey", {"topologySpreadConstraints": [
+        {"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]}, "/topologySpreadConstraints/0"),
+    ("spread key misspelt", {"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+         "labelSelecter": {}}]}, "additional properties 'labelSelecter'"),
+    ("spread skew zero", {"topologySpreadConstraints": [
+        {"maxSkew": 0, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule"}]},
+     "/topologySpreadConstraints/0/maxSkew"),
+    ("affinity key misspelt", {"affinity": {"podAntiAfinity": {}}}, "additional properties 'podAntiAfinity'"),
+    ("policy key misspelt", {"networkPolicy": {"enable": True}}, "additional properties 'enable'"),
+    ("API server address not a CIDR", {"networkPolicy": {"apiServer": {"cidrs": ["10.0.0.1"]}}},
+     "/networkPolicy/apiServer/cidrs/0"),
+    ("API server port as a string", {"networkPolicy": {"apiServer": {"ports": ["443"]}}},
+     "/networkPolicy/apiServer/ports/0"),
+    ("no database port", {"networkPolicy": {"database": {"ports": []}}}, "/networkPolicy/database/ports"),
+    ("metrics peer misspelt", {"networkPolicy": {"metrics": {"from": [{"namespaceSelecter": {}}]}}},
+     "additional properties 'namespaceSelecter'"),
+    ("empty peer", {"networkPolicy": {"dns": {"to": [{}]}}}, "/networkPolicy/dns/to/0"),
+    ("extra egress protocol",
+     {"networkPolicy": {"extraEgress": [{"ports": [{"port": 3128, "protocol": "tcp"}]}]}},
+     "/networkPolicy/extraEgress/0/ports/0/protocol"),
 ]
 
 
