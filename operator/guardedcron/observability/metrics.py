@@ -107,7 +107,8 @@ def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
             "1 while the operator keeps the CronJob suspended after spec.suspendAfterFailures "
             "failed runs in a row, else 0 (only with that field set).", per_job, registry=registry),
         make_up_runs=Counter("guardedcron_make_up_runs_total",
-                             "Jobs the operator started for past slots, by kind (catch-up, backfill).",
+                             "Jobs the operator started for past slots, by kind "
+                             "(catch-up, backfill, skipped-time).",
                              (*per_job, "kind"), registry=registry),
         condition=Gauge("guardedcron_condition",
                         "1 while the condition `type` (Invalid, Stalled) is True, else 0.",
