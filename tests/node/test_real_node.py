@@ -87,6 +87,26 @@ def test_a_stopped_node_leaves_no_bridge_rules_cgroups_mounts_or_folders(
     assert network.bridge not in links
 
 
+def test_the_gateway_keeps_its_mac_address_while_pods_come_and_go() -> None:
+    """A running pod caches the gateway's MAC address. Were it to follow the bridge's
+    lowest port, a pod with a lower one starting or stopping would cut every other pod
+    off from the API server and PostgreSQL until its ARP entry expired."""
+    def link(*args: str) -> None:
+        subprocess.run(["ip", "link", *args], capture_output=True, text=True, check=True)
+
+    with PodNetwork("mac", "10.213.8.0/24") as network:
+        address = Path(f"/sys/class/net/{network.bridge}/address")
+        before = address.read_text().strip()
+        link("add", "gcj-mac-pod", "address", "00:00:00:00:00:01", "type", "veth",
+             "peer", "name", "gcj-mac-peer")  # fmt: skip
+        try:
+            link("set", "gcj-mac-pod", "master", network.bridge, "up")
+            assert address.read_text().strip() == before, "a port with a lower address took over the bridge's"
+        finally:
+            link("del", "gcj-mac-pod")
+        assert address.read_text().strip() == before, "the bridge's address changed when a port left"
+
+
 def kube_chains() -> list[str]:
     chains = []
     for family in ("iptables", "ip6tables"):

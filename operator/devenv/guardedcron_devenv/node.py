@@ -19,6 +19,7 @@ sandbox's oom_score_adj and every pod sandbox fails).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
 import json
 import shutil
@@ -75,6 +76,14 @@ class PodNetwork:
         if len(self.bridge) > INTERFACE_NAME_MAX:
             raise NodeError(f"network name {name!r} is too long for a bridge name (at most 11 characters)")
         self.gateway = str(next(self.subnet.hosts()))
+        # A bridge without an address of its own takes the lowest of its ports' addresses,
+        # so the gateway's MAC changes whenever a pod with a lower one comes or goes, and
+        # every running pod's cached gateway address then points nowhere until its ARP
+        # entry expires (tens of seconds of lost packets to the API server and PostgreSQL).
+        # A fixed, locally administered address keeps it; derived from the name, so two
+        # networks on one machine never share one.
+        digest = hashlib.sha256(self.bridge.encode()).digest()
+        self.mac = ":".join(f"{byte:02x}" for byte in (0x02, *digest[:5]))
 
     def __enter__(self) -> PodNetwork:
         self.create()
@@ -90,7 +99,7 @@ class PodNetwork:
         self.delete()
         prefix = self.subnet.prefixlen
         for command in (
-            ["ip", "link", "add", self.bridge, "type", "bridge"],
+            ["ip", "link", "add", self.bridge, "address", self.mac, "type", "bridge"],
             ["ip", "addr", "add", f"{self.gateway}/{prefix}", "dev", self.bridge],
             ["ip", "link", "set", self.bridge, "up"],
         ):
