@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # make image IMAGE=name:tag (default guardedcron:<version>)
 IMAGE  ?=
 
-.PHONY: setup demo test lint image e2e-kind clean
+.PHONY: setup demo test lint image release e2e-kind clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ lint: setup
 # (no registry here; see operator/devenv/guardedcron_devenv/image.py).
 image: setup
 	$(BIN)/python -m guardedcron_devenv.image $(if $(IMAGE),--tag $(IMAGE))
+
+# Every artifact of a release into dist/ from a clean, consistently versioned tree
+# (docs/releasing.md); make release WITH_IMAGE=1 adds the image tarball and its SBOM.
+release: setup
+	$(BIN)/python -m guardedcron_devenv.release $(if $(WITH_IMAGE),--image)
 
 # For machines with Docker and kind (not these): the same e2e suite against a kind cluster.
 e2e-kind: setup
