@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -23,13 +22,20 @@ import yaml
 from guardedcron import contract
 from guardedcron_devenv.controlplane import ControlPlane, build_kubeconfig
 from guardedcron_devenv.tools import ensure_kubectl
+from tests.e2e.cli_support import (
+    GCJ,
+    NAME,
+    guarded_cronjob_with_its_cronjob,
+    kubectl_gcj,
+    plane_with_the_crd,
+    run,
+    write_runs,
+)
 from tests.e2e.harness import GUARDEDCRON, VENV_BIN, guarded_cronjob
 
 pytestmark = pytest.mark.e2e
 
-NAME = "nightly"
 USER = "runner"
-GCJ = f"{contract.PLURAL}.{contract.API_GROUP}"
 EXEC_API = "client.authentication.k8s.io/v1"
 
 
@@ -54,31 +60,9 @@ def write_plugin(path: Path, body: str) -> Path:
     return path
 
 
-def run(command: list[str], kubeconfig: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **extra_env}
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
-
-
 @pytest.fixture(scope="module")
 def cli_plane(control_plane_factory: Callable[[str], ControlPlane]) -> ControlPlane:
-    """A control plane of its own, with the CRD applied by kubectl (the primary one gets
-    the chart's CRD from Helm, which will not adopt a kubectl-made one)."""
-    plane = control_plane_factory("cli-logins")
-    plane.kubectl("apply", "-f", str(Path(__file__).resolve().parents[2] / "crds"))
-    plane.wait_established(GCJ)
-    return plane
-
-
-def guarded_cronjob_with_its_cronjob(plane: ControlPlane, namespace: str) -> dict[str, Any]:
-    """The GuardedCronJob and the CronJob it controls, as the operator would make it."""
-    plane.kubectl("create", "namespace", namespace)
-    manifest = guarded_cronjob(NAME, namespace, spec={"suspend": True})
-    plane.kubectl("apply", "-f", "-", input=json.dumps(manifest))
-    live: dict[str, Any] = plane.kubectl_json("get", GCJ, NAME, "-n", namespace)
-    rendered = subprocess.run([GUARDEDCRON, "render", "-f", "-"], input=json.dumps(live),
-                              capture_output=True, text=True, timeout=60, check=True).stdout
-    plane.kubectl("apply", "-f", "-", input=rendered)
-    return live
+    return plane_with_the_crd(control_plane_factory, "cli-logins")
 
 
 def grant_runner(plane: ControlPlane, namespace: str) -> str:
@@ -142,18 +126,6 @@ def test_trigger_logs_in_through_an_exec_plugin_and_reports_a_failing_one_in_one
     assert garbled.returncode == contract.EXIT_FAILURE
     [line] = garbled.stderr.splitlines()
     assert "exec: failed to decode process output" in line, line
-
-
-def kubectl_gcj(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real kubectl, with the plugin on PATH as pip installs it (next to guardedcron)."""
-    kubectl = ensure_kubectl()
-    path = os.pathsep.join([str(VENV_BIN), str(kubectl.parent), os.environ.get("PATH", "")])
-    return run([str(kubectl), "gcj", *args], kubeconfig, PATH=path)
-
-
-def write_runs(plane: ControlPlane, namespace: str, runs: list[Mapping[str, Any]]) -> None:
-    plane.kubectl("patch", GCJ, NAME, "-n", namespace, "--subresource=status", "--type=merge",
-                  "-p", json.dumps({"status": {"recentRuns": runs, "lastRun": runs[0]}}))
 
 
 def test_kubectl_gcj_trigger_runs_and_render_read_like_kubectl(

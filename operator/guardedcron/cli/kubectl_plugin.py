@@ -8,6 +8,11 @@ choose the login (guardedcron.cli.kubeconfig: exec plugins and OIDC included).
 
     kubectl gcj trigger NAME [-n NS] [-o name|json]   a manual, guarded run now
     kubectl gcj runs [NAME] [-n NS | -A] [-o json]    recent runs from the status
+    kubectl gcj status NAME [-n NS] [--no-database] [-o json]
+                                                      schedule, conditions, runs, the lease
+    kubectl gcj suspend|resume NAME [-n NS] [-o json] set spec.suspend
+    kubectl gcj backfill NAME --since T --until T [--token T] [--dry-run] [-n NS]
+                                                      as `guardedcron backfill`
     kubectl gcj render -f FILE [-n NS]                 the CronJob the operator would make
 
 `runs` reads the GuardedCronJobs' status (status.recentRuns, kept by the operator);
@@ -26,21 +31,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from guardedcron import contract
-from guardedcron.cli import render, trigger
+from guardedcron.cli import backfill, gcj_status, gcj_suspend, render, trigger
 from guardedcron.cli.cluster_options import add_cluster_options, name_problems
-from guardedcron.cli.kubeconfig import KubeconfigError, connection_info, context_namespace
+from guardedcron.cli.gcj_common import (
+    PROG,
+    RUN_COLUMNS,
+    PluginFailed,
+    cluster,
+    get_guarded_cronjob,
+    run_cells,
+    runs_of,
+    table_lines,
+    where_of,
+)
+from guardedcron.cli.kubeconfig import KubeconfigError, context_namespace
 from guardedcron.cli.main import Parser, PrintVersion, report_internal_error
-from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
-from guardedcron.kube import GUARDED_CRONJOBS, ApiError, ApiUnreachable, KubeClient, NotFound
-
-PROG = "kubectl gcj"
-RUN_COLUMNS = ("JOB", "OUTCOME", "FENCE", "MANUAL", "STARTED", "FINISHED", "REASON")
-
-
-class PluginFailed(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.code = code
+from guardedcron.contract import EXIT_OK, EXIT_USAGE
+from guardedcron.kube import GUARDED_CRONJOBS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="every namespace (not with NAME)")
     runs.add_argument("-o", "--output", choices=("table", "json"), default="table")
     runs.set_defaults(run=run_runs)
+
+    gcj_status.add_parser(sub)
+    gcj_suspend.add_parsers(sub)
+    backfill.add_parser(sub, "backfill", "run the slots of a past time range, one at a time, oldest first")
+    sub.choices["backfill"].set_defaults(prog=f"{PROG} backfill")
 
     render.add_parser(sub, "render", "print the CronJob the operator would create for a GuardedCronJob")
     render_parser = sub.choices["render"]
@@ -131,53 +143,18 @@ async def recent_runs(name: str | None, namespace: str | None, all_namespaces: b
                       ) -> tuple[str | None, list[dict[str, Any]]]:
     """The namespace read (None: all) and one row per run, newest first within each
     GuardedCronJob."""
-    try:
-        info = await asyncio.to_thread(connection_info, kubeconfig, context)
-    except KubeconfigError as error:
-        raise PluginFailed(str(error), error.code) from None
-    where = None if all_namespaces else (namespace or info.default_namespace or "default")
-    client = KubeClient(info)
-    try:
+    async with cluster(kubeconfig, context, namespace) as (client, chosen):
+        where = None if all_namespaces else chosen
         if name is not None:
-            try:
-                objects = [await client.get(GUARDED_CRONJOBS, where, name)]
-            except NotFound:
-                raise PluginFailed(f"GuardedCronJob {where}/{name} not found") from None
+            objects = [await get_guarded_cronjob(client, chosen, name)]
         else:
             objects = await client.list(GUARDED_CRONJOBS, where)
-    except ApiUnreachable as error:
-        raise PluginFailed(f"cannot reach the API server: {error}", EXIT_UNAVAILABLE) from None
-    except ApiError as error:
-        raise PluginFailed(f"the API server refused: {error}") from None
-    finally:
-        await client.close()
-    return where, [row for gcj in sorted(objects, key=_where) for row in runs_of(gcj)]
-
-
-def _where(gcj: dict[str, Any]) -> tuple[str, str]:
-    metadata = gcj.get("metadata") or {}
-    return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
-
-
-def runs_of(gcj: dict[str, Any]) -> list[dict[str, Any]]:
-    """The runs a GuardedCronJob's status lists (its last run when the list is empty)."""
-    namespace, name = _where(gcj)
-    status = gcj.get("status") or {}
-    runs = status.get("recentRuns") or ([status["lastRun"]] if status.get("lastRun") else [])
-    return [{"namespace": namespace, "guardedCronJob": name, **run} for run in runs
-            if isinstance(run, dict)]
+    return where, [row for gcj in sorted(objects, key=where_of) for row in runs_of(gcj)]
 
 
 def print_table(rows: list[dict[str, Any]], *, with_namespace: bool) -> None:
     heads = (("NAMESPACE",) if with_namespace else ()) + (contract.KIND.upper(),) + RUN_COLUMNS
-    table = [heads]
-    for row in rows:
-        cells = ((row["namespace"],) if with_namespace else ()) + (
-            row["guardedCronJob"], str(row.get("job", "")), str(row.get("outcome", "")),
-            "" if row.get("fence") is None else str(row["fence"]),
-            "yes" if row.get("manual") else "no", str(row.get("startedAt", "")),
-            str(row.get("finishedAt", "")), " ".join(str(row.get("reason", "")).split()))
-        table.append(cells)
-    widths = [max(len(line[i]) for line in table) for i in range(len(heads))]
-    for line in table:
-        print("   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    cells = [((row["namespace"],) if with_namespace else ()) + (row["guardedCronJob"],) + run_cells(row)
+             for row in rows]
+    for line in table_lines(heads, cells):
+        print(line)
