@@ -1,19 +1,24 @@
 """The Helm chart installed into a real kube-apiserver + controller-manager: the API
 server accepts every object, the RBAC means what the unit tests read from it (asked
 of the real authorizer with `kubectl auth can-i`), the pod passes the `restricted`
-Pod Security admission, the peering hook finds its CRD, and uninstall keeps CRDs."""
+Pod Security admission, the peering hook finds its CRD, and uninstall keeps CRDs.
+What gets installed is the chart archive `make release` publishes, packaged by the same
+code (guardedcron_devenv.release.package_chart)."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from guardedcron_devenv.controlplane import ControlPlane
-from tests.support.chart import CHART, HelmResult, helm
+from guardedcron_devenv.release import package_chart
+from tests.support import REPO
+from tests.support.chart import HelmResult, helm
 
 pytestmark = pytest.mark.e2e
 
@@ -27,9 +32,9 @@ def helm_on(plane: ControlPlane, args: list[str], values: dict[str, Any] | None 
     return helm([*args, "--kubeconfig", str(plane.kubeconfig)], values)
 
 
-def install(plane: ControlPlane, release: str, namespace: str, values: dict[str, Any]) -> None:
+def install(plane: ControlPlane, chart: Path, release: str, namespace: str, values: dict[str, Any]) -> None:
     # --reset-values: with no values given, helm upgrade would reuse the last ones.
-    result = helm_on(plane, ["upgrade", "--install", release, str(CHART), "--namespace", namespace,
+    result = helm_on(plane, ["upgrade", "--install", release, str(chart), "--namespace", namespace,
                              "--reset-values", "--timeout", "2m"], values)
     assert result.code == 0, result.stderr
 
@@ -68,13 +73,18 @@ def eventually(check: Callable[[], bool], seconds: float = 15) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+def packaged_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return package_chart(REPO, tmp_path_factory.mktemp("chart"))
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane, packaged_chart: Path) -> Iterator[ControlPlane]:
     for namespace in (NAMESPACE, PEERED_NAMESPACE, *TEAMS, OUTSIDER):
         control_plane.kubectl("create", "namespace", namespace)
     # Pods of the operator must pass the strictest Pod Security level.
     control_plane.kubectl("label", "namespace", NAMESPACE,
                           "pod-security.kubernetes.io/enforce=restricted")
-    install(control_plane, "gc", NAMESPACE, {})
+    install(control_plane, packaged_chart, "gc", NAMESPACE, {})
     yield control_plane
 
 
@@ -121,28 +131,28 @@ def test_operator_pod_passes_restricted_pod_security(cluster: ControlPlane) -> N
     assert "violates PodSecurity" in refused.stderr
 
 
-def test_outcome_recording_grants_get_on_secrets_only(cluster: ControlPlane) -> None:
-    install(cluster, "gc", NAMESPACE, {"outcomeRecording": {"enabled": True}})
+def test_outcome_recording_grants_get_on_secrets_only(cluster: ControlPlane, packaged_chart: Path) -> None:
+    install(cluster, packaged_chart, "gc", NAMESPACE, {"outcomeRecording": {"enabled": True}})
     try:
         assert eventually(lambda: can(cluster, "gc-guardedcron", NAMESPACE, "get", "secrets",
                                       where=TEAMS[0]))
         assert not can(cluster, "gc-guardedcron", NAMESPACE, "list", "secrets", where=TEAMS[0])
         assert not can(cluster, "gc-guardedcron", NAMESPACE, "watch", "secrets", where=TEAMS[0])
     finally:
-        install(cluster, "gc", NAMESPACE, {})
+        install(cluster, packaged_chart, "gc", NAMESPACE, {})
     # The authorizer reads roles from a watch cache: give the revocation a moment.
     assert eventually(lambda: not can(cluster, "gc-guardedcron", NAMESPACE, "get", "secrets",
                                       where=TEAMS[0]))
 
 
-def test_namespaced_install_reaches_only_its_namespaces(cluster: ControlPlane) -> None:
+def test_namespaced_install_reaches_only_its_namespaces(cluster: ControlPlane, packaged_chart: Path) -> None:
     values = {"watchNamespaces": list(TEAMS), "crds": {"enabled": False},
               "peering": {"enabled": True, "name": "gc-teams", "installCRDs": False},
               "replicaCount": 2}
     # The kopf CRDs come from the peered release below; install it first if needed.
-    install(cluster, "gc-peered", PEERED_NAMESPACE,
+    install(cluster, packaged_chart, "gc-peered", PEERED_NAMESPACE,
             {"crds": {"enabled": False}, "replicaCount": 2, "peering": {"enabled": True}})
-    install(cluster, "gc-teams", PEERED_NAMESPACE, values)
+    install(cluster, packaged_chart, "gc-teams", PEERED_NAMESPACE, values)
     account = "gc-teams-guardedcron"
     for team in TEAMS:
         assert can(cluster, account, PEERED_NAMESPACE, "watch", "guardedcronjobs.guardedcron.io", team)
@@ -156,8 +166,8 @@ def test_namespaced_install_reaches_only_its_namespaces(cluster: ControlPlane) -
     assert not can(cluster, account, PEERED_NAMESPACE, "list", "guardedcronjobs.guardedcron.io")
 
 
-def test_peering_object_is_created_once_its_crd_exists(cluster: ControlPlane) -> None:
-    install(cluster, "gc-peered", PEERED_NAMESPACE,
+def test_peering_object_is_created_once_its_crd_exists(cluster: ControlPlane, packaged_chart: Path) -> None:
+    install(cluster, packaged_chart, "gc-peered", PEERED_NAMESPACE,
             {"crds": {"enabled": False}, "replicaCount": 2, "peering": {"enabled": True}})
     peering = cluster.kubectl_json("get", "clusterkopfpeering", "guardedcron")
     assert peering["metadata"]["labels"]["app.kubernetes.io/instance"] == "gc-peered"
