@@ -12,6 +12,7 @@ import base64
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -28,7 +29,7 @@ from tests.e2e.cli_support import (
     plane_with_the_crd,
     write_runs,
 )
-from tests.e2e.harness import DSN_KEY, DSN_SECRET
+from tests.e2e.harness import DSN_KEY, DSN_SECRET, workload_container
 
 pytestmark = pytest.mark.e2e
 
@@ -143,3 +144,47 @@ def test_suspend_resume_and_backfill_change_the_object_as_kubectl_would(plane: C
                             "--until", format_time(since))
     assert backwards.returncode == contract.EXIT_USAGE
     assert backwards.stderr.startswith("kubectl gcj backfill: ")
+
+
+def test_report_bundles_what_a_bug_report_needs_and_no_secret(plane: ControlPlane, tmp_path: Path) -> None:
+    namespace = "report"
+    admin = plane.kubeconfig
+    secret_password, env_value, arg_password, url_password = (
+        "Sp-4kq8w", "Ev-7hd2m", "Ap-9zx1c", "Up-3nb6v")
+    container = workload_container()
+    container["env"] = [*container["env"], {"name": "API_TOKEN", "value": env_value}]
+    container["args"] = [*container["args"], f"--dsn=postgresql://guard:{arg_password}@db:5432/jobs"]
+    guarded_cronjob_with_its_cronjob(plane, namespace, container=container)
+    put_dsn(plane, namespace, f"postgresql://guard:{secret_password}@db:5432/jobs")
+    triggered = kubectl_gcj(admin, "trigger", NAME, "-n", namespace)
+    assert triggered.returncode == 0, triggered.stderr
+    job = triggered.stdout.split()[0].removeprefix("job.batch/")
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "hook", "namespace": namespace},
+             "involvedObject": {"kind": contract.KIND, "name": NAME, "namespace": namespace},
+             "reason": "CheckInFailed", "type": "Warning", "count": 1,
+             "message": f"check-in to https://bot:{url_password}@hooks.example failed"}
+    plane.kubectl("create", "-f", "-", input=json.dumps(event))
+
+    shown = kubectl_gcj(admin, "report", NAME, "-n", namespace)
+    assert shown.returncode == 0, shown.stderr
+    for secret in (secret_password, env_value, arg_password, url_password):
+        assert secret not in shown.stdout + shown.stderr, secret
+    report = json.loads(shown.stdout)
+    assert report["serverVersion"]["gitVersion"].startswith("v")
+    assert [gcj["metadata"]["name"] for gcj in report["guardedCronJobs"]] == [NAME]
+    assert report["guardedCronJobs"][0]["spec"]["schedule"] == "* * * * *"
+    assert [cronjob["metadata"]["name"] for cronjob in report["cronJobs"]] == [NAME]
+    assert [j["metadata"]["name"] for j in report["jobs"]] == [job]
+    [hook] = [e for e in report["events"] if e["reason"] == "CheckInFailed"]
+    assert hook["object"] == f"{contract.KIND}/{NAME}"
+    assert "https://<redacted>@hooks.example" in hook["message"]
+    # No operator runs on this control plane: said in one line, not a failure.
+    assert any(note.startswith("no operator Deployment labelled") for note in report["notes"])
+
+    bundle = tmp_path / "bundle.json"
+    to_file = kubectl_gcj(admin, "report", "-n", namespace, "--output-file", str(bundle))
+    assert (to_file.returncode, to_file.stdout) == (0, ""), to_file.stderr
+    assert bundle.stat().st_mode & 0o777 == 0o600
+    assert [gcj["metadata"]["name"] for gcj in json.loads(bundle.read_text())["guardedCronJobs"]] == [NAME]
+    absent = kubectl_gcj(admin, "report", "absent", "-n", namespace)
+    assert (absent.returncode, absent.stdout) == (contract.EXIT_FAILURE, ""), absent.stderr

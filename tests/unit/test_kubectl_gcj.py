@@ -3,10 +3,12 @@ print, built from API objects and database rows shaped like the real ones."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from guardedcron.cli import gcj_status, gcj_suspend
+from guardedcron import contract
+from guardedcron.cli import gcj_status, gcj_suspend, support_report
 from guardedcron.guard.history import Run
 from tests.support.gcj import base_gcj
 
@@ -116,3 +118,72 @@ def test_a_gitops_manager_is_told_by_its_marks_and_only_then() -> None:
     assert gcj_suspend.gitops_manager(gcj) == "Flux (field manager kustomize-controller)"
     gcj["metadata"]["labels"] = {"argocd.argoproj.io/instance": "billing"}
     assert gcj_suspend.gitops_manager(gcj) == "Argo CD (label argocd.argoproj.io/instance)"
+
+
+ENV_SECRET = "env-value-Hk38sQ"
+DSN_PASSWORD = "dsn-pw-Lq52xZ"
+URL_PASSWORD = "url-pw-Tm91cV"
+
+
+def secretive_gcj() -> dict[str, Any]:
+    """A GuardedCronJob whose spec, annotations and status carry secrets three ways."""
+    gcj = base_gcj()
+    dsn = f"postgresql://guard:{DSN_PASSWORD}@db:5432/jobs"
+    [container] = gcj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    container["env"] = [{"name": "API_TOKEN", "value": ENV_SECRET},
+                        {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    container["args"] = [f"--dsn={dsn}", f"--hook=https://bot:{URL_PASSWORD}@hooks.example/x"]
+    gcj["metadata"]["annotations"] = {support_report.LAST_APPLIED: json.dumps(gcj["spec"]), "team": "billing"}
+    gcj["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    gcj["status"] = {"conditions": [{"type": "Ready", "status": "False",
+                                     "message": f"cannot reach {dsn} password={DSN_PASSWORD}"}]}
+    return gcj
+
+
+def labelled(kind: str, name: str, owner: str) -> dict[str, Any]:
+    return {"kind": kind, "metadata": {"name": name, "namespace": "billing",
+                                      "labels": {contract.LABEL_NAME: owner}}}
+
+
+def test_the_report_holds_the_objects_of_its_guarded_cronjobs_and_no_secret() -> None:
+    gcj = secretive_gcj()
+    pod = labelled("Pod", "nightly-invoices-1-x", "nightly-invoices")
+    pod["spec"] = {"nodeName": "n1", "containers": [{"name": "task", "image": "shop:1.42",
+                                                     "env": [{"name": "T", "value": ENV_SECRET}]}]}
+    pod["status"] = {"phase": "Succeeded"}
+    events = [{"involvedObject": {"kind": "Job", "name": "nightly-invoices-1"}, "reason": "Completed",
+               "message": f"posted to https://bot:{URL_PASSWORD}@hooks.example", "lastTimestamp": "t2"},
+              {"involvedObject": {"kind": "Job", "name": "someone-else"}, "reason": "Completed"}]
+    report = support_report.build_report(
+        namespace="billing", plugin_version="1.2.3", server_version={"gitVersion": "v1.31.0"},
+        guarded_cronjobs=[gcj], cronjobs=[labelled("CronJob", "nightly-invoices", "nightly-invoices")],
+        jobs=[labelled("Job", "nightly-invoices-1", "nightly-invoices"),
+              labelled("Job", "other-1", "other")],
+        pods=[pod], events=events,
+        deployments=[{"metadata": {"name": "guardedcron", "namespace": "ops"},
+                      "spec": {"template": {"spec": {"containers": [{"image": "guardedcron:1.2.3"}]}}}}],
+        logs={"ops/guardedcron-abc": ["started", f"connecting to postgresql://op:{DSN_PASSWORD}@db/x"]},
+        notes=[], generated_at=NOW)
+    text = json.dumps(report)
+    for secret in (ENV_SECRET, DSN_PASSWORD, URL_PASSWORD):
+        assert secret not in text, secret
+    assert [job["metadata"]["name"] for job in report["jobs"]] == ["nightly-invoices-1"]
+    assert [event["object"] for event in report["events"]] == ["Job/nightly-invoices-1"]
+    assert report["pods"] == [{"metadata": pod["metadata"], "nodeName": "n1",
+                               "containers": [{"name": "task", "image": "shop:1.42"}],
+                               "status": {"phase": "Succeeded"}}]
+    [shared] = report["guardedCronJobs"]
+    assert "managedFields" not in shared["metadata"]
+    assert shared["metadata"]["annotations"] == {support_report.LAST_APPLIED: "<redacted>", "team": "billing"}
+    env = shared["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env == [{"name": "API_TOKEN", "value": "<redacted>"},
+                   {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    assert report["operator"]["deployments"][0]["images"] == ["guardedcron:1.2.3"]
+    assert report["operator"]["logs"]["ops/guardedcron-abc"][0] == "started"
+    assert (report["pluginVersion"], report["serverVersion"]) == ("1.2.3", {"gitVersion": "v1.31.0"})
+
+
+def test_redacted_text_hides_the_userinfo_of_any_url_with_a_password() -> None:
+    assert support_report.redacted_text("see https://bot:pw@h.example/x and http://h.example/y") == (
+        "see https://<redacted>@h.example/x and http://h.example/y")
+    assert support_report.redacted_text("amqp://u:p@mq:5672") == "amqp://<redacted>@mq:5672"

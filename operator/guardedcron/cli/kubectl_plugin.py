@@ -13,6 +13,8 @@ choose the login (guardedcron.cli.kubeconfig: exec plugins and OIDC included).
     kubectl gcj suspend|resume NAME [-n NS] [-o json] set spec.suspend
     kubectl gcj backfill NAME --since T --until T [--token T] [--dry-run] [-n NS]
                                                       as `guardedcron backfill`
+    kubectl gcj report [NAME] [-n NS] [--output-file FILE]
+                                                      a support bundle (JSON), no secrets
     kubectl gcj render -f FILE [-n NS]                 the CronJob the operator would make
 
 `runs` reads the GuardedCronJobs' status (status.recentRuns, kept by the operator);
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from guardedcron import contract
-from guardedcron.cli import backfill, gcj_status, gcj_suspend, render, trigger
+from guardedcron.cli import backfill, gcj_status, gcj_suspend, render, support_report, trigger
 from guardedcron.cli.cluster_options import add_cluster_options, name_problems
 from guardedcron.cli.gcj_common import (
     PROG,
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     gcj_suspend.add_parsers(sub)
     backfill.add_parser(sub, "backfill", "run the slots of a past time range, one at a time, oldest first")
     sub.choices["backfill"].set_defaults(prog=f"{PROG} backfill")
+    support_report.add_parser(sub)
 
     render.add_parser(sub, "render", "print the CronJob the operator would create for a GuardedCronJob")
     render_parser = sub.choices["render"]

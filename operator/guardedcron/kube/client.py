@@ -21,7 +21,7 @@ import kopf
 from guardedcron import __version__, contract
 from guardedcron.kube.credentials import tls_server_name
 from guardedcron.kube.errors import ApiError, ApiUnreachable, Unauthorized, error_from_response
-from guardedcron.kube.resources import Resource
+from guardedcron.kube.resources import PODS, Resource
 
 # Returns fresh credentials (re-reading a rotated service-account token, say).
 CredentialsSource = Callable[[], Awaitable[kopf.ConnectionInfo | None]]
@@ -152,11 +152,23 @@ class KubeClient:
                             params={"propagationPolicy": "Background"}, body=body,
                             content_type=JSON if body is not None else None)
 
+    async def server_version(self) -> dict[str, Any]:
+        """The API server's /version (gitVersion, platform, ...)."""
+        result: dict[str, Any] = await self._request("GET", "/version")
+        return result
+
+    async def pod_log(self, namespace: str, name: str, *, tail_lines: int) -> str:
+        """The last `tail_lines` lines a pod's (only or default) container wrote."""
+        log: str = await self._request("GET", PODS.path(namespace, name, "log"),
+                                       params={"tailLines": str(tail_lines)}, text=True)
+        return log
+
     # --- plumbing
 
     async def _request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                        body: Mapping[str, Any] | None = None,
-                       content_type: str | None = None) -> Any:
+                       content_type: str | None = None, text: bool = False) -> Any:
+        """The answer's JSON (or, with `text`, its body as it came)."""
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         headers = {"Accept": JSON}
         if content_type is not None:
@@ -170,18 +182,18 @@ class KubeClient:
             try:
                 async with session.request(method, url, params=params, data=data, headers=headers,
                                            server_hostname=server_name) as response:
-                    text = await response.text()
+                    answer = await response.text()
                     status = response.status
                     retry_after = response.headers.get("Retry-After")
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise ApiUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
             if status < 400:
-                return json.loads(text) if text else None
+                return answer if text else json.loads(answer) if answer else None
             if status == TOO_MANY_REQUESTS and busy < self._busy_retries:
                 busy += 1  # refused before it was handled: sending it again is safe
                 await asyncio.sleep(busy_wait_seconds(retry_after) + random.random())
                 continue
-            error = _decode_error(status, text)
+            error = _decode_error(status, answer)
             if isinstance(error, Unauthorized) and self._relogin is not None and not retried_login:
                 # A bound service-account token rotates; read it again, once.
                 retried_login = True
