@@ -54,7 +54,7 @@ def password_of(dsn: str) -> str:
 
 
 def test_status_shows_the_object_its_runs_and_the_lease_the_database_holds(
-    plane: ControlPlane, dsn: str,
+    plane: ControlPlane, dsn: str, empty_dsn: str,
 ) -> None:
     namespace = "status"
     admin = plane.kubeconfig
@@ -87,6 +87,10 @@ def test_status_shows_the_object_its_runs_and_the_lease_the_database_holds(
     assert "cannot reach database guard@127.0.0.1:1/jobs" in database, database
     assert "Zq7-unreachable-pw" not in unreachable.stdout + unreachable.stderr
     assert "Recent runs:" in unreachable.stdout and "Lease:" not in unreachable.stdout
+    put_dsn(plane, namespace, empty_dsn)  # a database without the schema
+    unmigrated = json.loads(kubectl_gcj(admin, "status", NAME, "-n", namespace, "-o", "json").stdout)
+    assert "schema" in unmigrated["databaseNote"] and "guardedcron db migrate" in unmigrated["databaseNote"]
+    assert password_of(empty_dsn) not in unmigrated["databaseNote"]
     skipped = json.loads(kubectl_gcj(admin, "status", NAME, "-n", namespace, "--no-database",
                                      "-o", "json").stdout)
     assert (skipped["lease"], skipped["databaseNote"]) == (None, "database not read (--no-database)")

@@ -58,6 +58,9 @@ COMMANDS = {
     "backfill": ["guardedcron", "backfill", "--since", format_time(YESTERDAY),
                  "--until", format_time(YESTERDAY + timedelta(hours=1))],
     "kubectl gcj runs": ["kubectl-gcj", "runs"],
+    "kubectl gcj status": ["kubectl-gcj", "status"],
+    "kubectl gcj suspend": ["kubectl-gcj", "suspend"],
+    "kubectl gcj report": ["kubectl-gcj", "report"],
 }
 
 

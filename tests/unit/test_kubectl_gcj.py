@@ -84,7 +84,7 @@ def test_status_without_the_database_says_why_and_without_status_says_so() -> No
                                   database_note="database not read (--no-database)")
     lines = gcj_status.status_lines(view)
     assert "Suspended:  yes" in lines
-    assert "Schedule:   30 2 * * *  (UTC (the operator's default))" in lines
+    assert "Schedule:   30 2 * * *  (UTC, the operator's default)" in lines
     assert "Database:   database not read (--no-database)" in lines
     assert not any(line.startswith("Lease:") for line in lines)
     assert lines[lines.index("Conditions:") + 1] == "  none yet (is the operator running?)"

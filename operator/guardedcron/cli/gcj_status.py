@@ -136,7 +136,7 @@ async def database_lease(client: KubeClient, namespace: str, ref: SecretKeyRef,
 def read_lease(dsn: str, lock: str) -> dict[str, Any]:
     import psycopg
 
-    from guardedcron.guard.connection import call_with_deadline, connect
+    from guardedcron.guard.connection import call_with_deadline, connect, last_line, scrub
     from guardedcron.guard.history import list_runs
     from guardedcron.guard.timestamps import reading
 
@@ -148,7 +148,10 @@ def read_lease(dsn: str, lock: str) -> dict[str, Any]:
         return lease_from_row(lock, row)
 
     with connect(dsn, CONNECT_TIMEOUT_S) as conn:
-        return call_with_deadline(conn, dsn, QUERY_SECONDS, query)
+        try:
+            return call_with_deadline(conn, dsn, QUERY_SECONDS, query)
+        except psycopg.Error as error:  # any other refusal: one line, as the guard's errors are
+            raise GuardError(f"the database refused: {scrub(last_line(str(error)), dsn)}") from None
 
 
 # --- pure: what is shown, from the objects and rows read
@@ -208,7 +211,7 @@ def lease_line(lease: dict[str, Any]) -> str:
 
 def status_lines(view: dict[str, Any]) -> list[str]:
     """`status`'s screen, kubectl describe's way: `Field:  value`, then tables."""
-    zone = view["timeZone"] or "UTC (the operator's default)"
+    zone = view["timeZone"] or "UTC, the operator's default"
     fields = [("Name", view["name"]), ("Namespace", view["namespace"]),
               ("Schedule", f"{view['schedule']}  ({zone})"),
               ("Suspended", "yes" if view["suspended"] else "no"),
