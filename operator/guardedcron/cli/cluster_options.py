@@ -1,5 +1,5 @@
 """What chooses a GuardedCronJob in a cluster, for the commands that read or change one
-(trigger, backfill, kubectl gcj runs): the kubectl-style options and the check of the
+(trigger, backfill, the kubectl gcj commands): the kubectl-style options and the check of the
 name and namespace, made before any request."""
 
 from __future__ import annotations
