@@ -141,6 +141,11 @@ ENV_TERMINATION_LOG: Final = "GUARDEDCRON_TERMINATION_LOG"  # overrides TERMINAT
 # only ever in the environment (from a Secret), never in args, logs or messages.
 ENV_CHECK_IN_URL: Final = "GUARDEDCRON_CHECK_IN_URL"
 KEEPER_CHECK_IN_FLAG: Final = "--check-in"
+# TLS towards PostgreSQL (docs/design.md, "TLS to the database"): libpq refuses a client
+# key that its group or others may read, as a Secret volume's key file is (world-readable
+# without the pod's fsGroup). With this set, the guard and the keeper copy the key from
+# there to PGSSLKEY, mode 0600, before connecting.
+ENV_TLS_KEY_SOURCE: Final = "GUARDEDCRON_TLS_KEY_SOURCE"
 
 # --- the run context (issue 14; docs/design.md, "Run context"): what a run's workload can
 # read without parsing Job names. In lease.json always (keys below); as environment

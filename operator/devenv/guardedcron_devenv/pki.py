@@ -1,4 +1,5 @@
-"""Throwaway certificates and keys for one local control plane, made with the openssl CLI.
+"""Throwaway certificates and keys, made with the openssl CLI: for one local control
+plane, and for a PostgreSQL server that speaks TLS (make_ca, make_leaf).
 
 Each control plane gets its own CA, so two running at once never trust each other's
 clients. Keys are ECDSA P-256: quick to make, and accepted by every Kubernetes component
@@ -89,8 +90,6 @@ def make_pki(
     folder: Path, cluster_name: str, service_ip: str, extra_ips: tuple[str, ...] = ()
 ) -> ControlPlanePki:
     """Write a CA, the server and client certificates, and the token signing keys."""
-    if shutil.which("openssl") is None:
-        raise PkiError("the openssl command is not on PATH; it makes the local cluster's certs")
     folder.mkdir(parents=True, exist_ok=True)
     pki = ControlPlanePki(
         ca=KeyPair(folder / "ca.crt", folder / "ca.key"),
@@ -117,8 +116,32 @@ def make_pki(
             pki.service_account_key, pki.service_account_public_key
         ),
     ]  # fmt: skip
+    _run_openssl(commands)
+    return pki
+
+
+def make_ca(folder: Path, name: str) -> KeyPair:
+    """A CA of its own, as `<folder>/<name>.crt` and `.key`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = KeyPair(folder / f"{name}.crt", folder / f"{name}.key")
+    _run_openssl([build_ca_command(ca, name)])
+    return ca
+
+
+def make_leaf(
+    folder: Path, name: str, ca: KeyPair, subject: str, usage: str, alt_names: tuple[str, ...] = ()
+) -> KeyPair:
+    """A certificate signed by `ca`, as `<folder>/<name>.crt` and `.key` (see build_leaf_command)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    leaf = KeyPair(folder / f"{name}.crt", folder / f"{name}.key")
+    _run_openssl([build_leaf_command(leaf, ca, subject, usage, alt_names)])
+    return leaf
+
+
+def _run_openssl(commands: list[list[str]]) -> None:
+    if shutil.which("openssl") is None:
+        raise PkiError("the openssl command is not on PATH; it makes the local certificates")
     for command in commands:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise PkiError(f"{' '.join(command[:3])} failed: {result.stderr.strip()}")
-    return pki

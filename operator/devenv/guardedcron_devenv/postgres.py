@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
+from guardedcron_devenv.pki import KeyPair
+
 SERVER_USER = "postgres"
 
 
@@ -63,9 +65,17 @@ class ThrowawayPostgres:
         superuser: str = "guardedcron",
         settings: Sequence[tuple[str, str]] = (),
         client_networks: Sequence[str] = (),
+        tls: KeyPair | None = None,
+        client_ca: Path | None = None,
     ) -> None:
         """`client_networks`: subnets (e.g. a pod network) allowed to log in with a password;
-        the server also listens on each one's first address, which must be this machine's."""
+        the server also listens on each one's first address, which must be this machine's.
+        `tls`: the server's certificate and key; TCP logins must then use TLS. `client_ca`
+        (with `tls`): TCP logins must also show a client certificate signed by this CA
+        whose common name is the role (`clientcert=verify-full`). The Unix socket stays
+        open without either, for the administrative connections (create_database)."""
+        if client_ca is not None and tls is None:
+            raise ValueError("client_ca needs tls: client certificates are a part of TLS")
         self.bin = find_server_bin()
         self.client_networks = tuple(ipaddress.ip_network(n) for n in client_networks)
         self.durable = durable
@@ -74,6 +84,8 @@ class ThrowawayPostgres:
         self.password = secrets.token_urlsafe(18)
         self.port = free_port()
         self.extra_settings = list(settings)
+        self.tls = tls
+        self.client_ca = client_ca
         self.base = Path(tempfile.mkdtemp(prefix="guardedcron-pg-"))
         self.data = self.base / "data"
         self.socket_dir = self.base / "sock"
@@ -147,14 +159,43 @@ class ThrowawayPostgres:
         }
         if not self.durable:
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        settings.update(self._tls_settings())
         settings.update(dict(self.extra_settings))
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write("\n# guardedcron throwaway server\n")
             for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
-        with (self.data / "pg_hba.conf").open("a") as hba:
+        hba_path = self.data / "pg_hba.conf"
+        # The first matching line decides: the TLS rules go before initdb's own.
+        hba_path.write_text("".join(self._tls_hba_lines()) + hba_path.read_text())
+        with hba_path.open("a") as hba:
             for network in self.client_networks:
                 hba.write(f"host all all {network} scram-sha-256\n")
+
+    def _tls_settings(self) -> dict[str, str]:
+        """ssl = on with copies of the files in the data folder: the server must own its key
+        and refuses one that others may read."""
+        if self.tls is None:
+            return {}
+        files = {"ssl_cert_file": ("server.crt", self.tls.cert), "ssl_key_file": ("server.key", self.tls.key)}
+        if self.client_ca is not None:
+            files["ssl_ca_file"] = ("client-ca.crt", self.client_ca)
+        settings = {"ssl": "on"}
+        for setting, (name, source) in files.items():
+            copy = self.data / name
+            shutil.copyfile(source, copy)
+            copy.chmod(0o600)
+            if self._run_as:
+                user = pwd.getpwnam(SERVER_USER)
+                os.chown(copy, user.pw_uid, user.pw_gid)
+            settings[setting] = f"'{copy}'"
+        return settings
+
+    def _tls_hba_lines(self) -> list[str]:
+        if self.tls is None:
+            return []
+        proof = " clientcert=verify-full" if self.client_ca is not None else ""
+        return ["hostnossl all all all reject\n", f"hostssl all all all scram-sha-256{proof}\n"]
 
     def start(self) -> None:
         result = self._pg(
@@ -262,11 +303,15 @@ class ThrowawayPostgres:
             f"@{host}:{self.port}/{quote(dbname)}"
         )
 
+    def socket_conninfo(self, dbname: str = "postgres") -> str:
+        """The superuser through the Unix socket (trusted, no TLS): for administration."""
+        return f"host={self.socket_dir} port={self.port} user={self.superuser} dbname={dbname}"
+
     def create_database(self, name: str) -> str:
         """Create an empty database and return a DSN for it."""
         import psycopg
 
-        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+        with psycopg.connect(self.socket_conninfo(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.dsn(name)
 

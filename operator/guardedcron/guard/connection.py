@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from guardedcron.contract import ENV_DSN
+from guardedcron.guard.client_key import install_client_key
 from guardedcron.guard.errors import BadInput, DatabaseUnavailable, SchemaOutdated
 
 if TYPE_CHECKING:
@@ -110,6 +111,34 @@ def last_line(message: str) -> str:
     return lines[-1] if lines else message.strip()
 
 
+# libpq's words for a failed TLS check, and what to check. libpq may add a line of advice
+# after its reason, so last_line could lose the reason itself.
+_WHERE_THE_CA_COMES_FROM = "sslrootcert or PGSSLROOTCERT; in a pod, spec.lease.tls.caSecretRef"
+TLS_FAILURES = (
+    ("certificate verify failed",
+     f"server certificate verification failed: it is not signed by the CA given "
+     f"({_WHERE_THE_CA_COMES_FROM})"),
+    ("does not match host name",
+     "server certificate verification failed: the DSN's host must be a name in the "
+     "server's certificate"),
+    ("root certificate file",
+     f"sslmode verify-ca and verify-full need the server's CA ({_WHERE_THE_CA_COMES_FROM})"),
+)
+# libpq's prefix of each failed attempt: `connection to server at "h", port p failed: `.
+_ATTEMPT_PREFIX = "failed: "
+
+
+def connect_failure_reason(message: str) -> str:
+    """One line saying why a connection failed: for a failed TLS check, libpq's reason
+    and what to check; otherwise libpq's last line."""
+    for line in message.splitlines():
+        for words, advice in TLS_FAILURES:
+            if words in line:
+                reason = line.rsplit(_ATTEMPT_PREFIX, 1)[-1].strip()
+                return f"TLS: {advice}: {reason}"
+    return last_line(message)
+
+
 def libpq_connect_timeout(seconds: float) -> int:
     """What libpq will really wait: whole seconds, never less than 2."""
     return max(LIBPQ_MIN_CONNECT_TIMEOUT, math.ceil(seconds))
@@ -149,10 +178,11 @@ def connect(dsn: str, connect_timeout: float) -> psycopg.Connection[tuple[Any, .
     import psycopg
 
     check_dsn(dsn)
+    install_client_key()
     try:
         return psycopg.connect(dsn, application_name="guardedcron", **connection_options(connect_timeout))
     except psycopg.OperationalError as exc:
-        reason = last_line(scrub(str(exc), dsn))
+        reason = connect_failure_reason(scrub(str(exc), dsn))
         raise DatabaseUnavailable(f"cannot reach database {describe(dsn)}: {reason}") from None
 
 
