@@ -141,11 +141,23 @@ ENV_TERMINATION_LOG: Final = "GUARDEDCRON_TERMINATION_LOG"  # overrides TERMINAT
 # only ever in the environment (from a Secret), never in args, logs or messages.
 ENV_CHECK_IN_URL: Final = "GUARDEDCRON_CHECK_IN_URL"
 KEEPER_CHECK_IN_FLAG: Final = "--check-in"
-# TLS towards PostgreSQL (docs/design.md, "TLS to the database"): libpq refuses a client
-# key that its group or others may read, as a Secret volume's key file is (world-readable
-# without the pod's fsGroup). With this set, the guard and the keeper copy the key from
-# there to PGSSLKEY, mode 0600, before connecting.
+# TLS towards PostgreSQL (spec.lease.tls; docs/design.md, "Generated CronJob", TLS): the guard
+# and the keeper get the CA and the client certificate as read-only Secret volumes and
+# libpq's own variables pointing at them. A Secret volume's key file is world-readable
+# (no fsGroup) or group-readable (with one), and libpq refuses such a key: the guard and
+# the keeper copy it, mode 0600, from ENV_TLS_KEY_SOURCE to PGSSLKEY in a memory-backed
+# volume of their own (never the run volume: the workload must not read the key) before
+# connecting.
 ENV_TLS_KEY_SOURCE: Final = "GUARDEDCRON_TLS_KEY_SOURCE"
+TLS_CA_VOLUME: Final = "guardedcron-tls-ca"
+TLS_CA_DIR: Final = "/etc/guardedcron/tls/ca"
+TLS_CA_FILE: Final = "ca.crt"
+TLS_CLIENT_VOLUME: Final = "guardedcron-tls-client"
+TLS_CLIENT_DIR: Final = "/etc/guardedcron/tls/client"
+TLS_CLIENT_CERT_FILE: Final = "tls.crt"  # the keys of a kubernetes.io/tls Secret
+TLS_CLIENT_KEY_FILE: Final = "tls.key"
+TLS_KEY_VOLUME: Final = "guardedcron-tls-key"
+TLS_KEY_DIR: Final = "/var/run/guardedcron-tls"
 
 # --- the run context (issue 14; docs/design.md, "Run context"): what a run's workload can
 # read without parsing Job names. In lease.json always (keys below); as environment

@@ -99,6 +99,8 @@ INVALID = [
     ("H inside a range", {"schedule": "H-5 * * * *"}, (".schedule", "H(")),
     ("a DST policy without a time zone", {"dstPolicy": {"repeatedTime": "Once"}},
      ("dstPolicy", "timeZone")),
+    ("TLS naming neither a CA nor a client certificate", {"lease": {"tls": {}}},
+     (".lease.tls", "caSecretRef", "clientCertSecretRef")),
 ]
 
 

@@ -348,6 +348,72 @@ def test_dsn_comes_from_the_secret_key() -> None:
             "name": "GUARDEDCRON_DSN", "valueFrom": {"secretKeyRef": {"name": "db", "key": "url"}}}
 
 
+TLS_ENV = {
+    "PGSSLROOTCERT": "/etc/guardedcron/tls/ca/ca.crt",
+    "PGSSLCERT": "/etc/guardedcron/tls/client/tls.crt",
+    "PGSSLKEY": "/var/run/guardedcron-tls/tls.key",
+    "GUARDEDCRON_TLS_KEY_SOURCE": "/etc/guardedcron/tls/client/tls.key",
+}
+TLS_MOUNTS = {
+    "guardedcron-tls-ca": {"mountPath": "/etc/guardedcron/tls/ca", "readOnly": True},
+    "guardedcron-tls-client": {"mountPath": "/etc/guardedcron/tls/client", "readOnly": True},
+    "guardedcron-tls-key": {"mountPath": "/var/run/guardedcron-tls"},
+}
+TLS_VOLUMES = {
+    "guardedcron-tls-ca": {"secret": {"secretName": "db-ca", "defaultMode": 0o444,
+                                      "items": [{"key": "bundle.pem", "path": "ca.crt"}]}},
+    "guardedcron-tls-client": {"secret": {"secretName": "jobs-client", "defaultMode": 0o444,
+                                          "items": [{"key": "tls.crt", "path": "tls.crt"},
+                                                    {"key": "tls.key", "path": "tls.key"}]}},
+    "guardedcron-tls-key": {"emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+}
+TLS_SPECS = {
+    "ca-and-client": ({"caSecretRef": {"name": "db-ca", "key": "bundle.pem"},
+                       "clientCertSecretRef": {"name": "jobs-client"}},
+                      ["guardedcron-tls-ca", "guardedcron-tls-client", "guardedcron-tls-key"]),
+    "ca-only": ({"caSecretRef": {"name": "db-ca", "key": "bundle.pem"}}, ["guardedcron-tls-ca"]),
+    "client-only": ({"clientCertSecretRef": {"name": "jobs-client"}},
+                    ["guardedcron-tls-client", "guardedcron-tls-key"]),
+}
+
+
+@pytest.mark.parametrize(("tls", "volumes"), TLS_SPECS.values(), ids=TLS_SPECS.keys())
+def test_tls_mounts_the_secrets_into_guard_and_keeper_only(tls: dict[str, Any],
+                                                           volumes: list[str]) -> None:
+    obj = put(put(base_gcj(), "spec.lease.tls", tls), "spec.lease.heartbeat", True)
+    cronjob = build(obj)
+    pod = get(cronjob, POD)
+    assert [v["name"] for v in pod["volumes"]] == ["guardedcron-run", *volumes]
+    for volume in pod["volumes"][1:]:
+        assert volume == {"name": volume["name"], **TLS_VOLUMES[volume["name"]]}
+    ca_env = {"PGSSLROOTCERT"} if "guardedcron-tls-ca" in volumes else set()
+    client_env = TLS_ENV.keys() - {"PGSSLROOTCERT"} if "guardedcron-tls-client" in volumes else set()
+    expected_env = {name: TLS_ENV[name] for name in ca_env | client_env}
+    guard, keeper = pod["initContainers"]
+    for container in (guard, keeper):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert {k: v for k, v in env.items() if k in TLS_ENV} == expected_env
+        assert container["volumeMounts"][1:] == [{"name": name, **TLS_MOUNTS[name]}
+                                                 for name in volumes]
+    for workload in pod["containers"]:
+        assert [m["name"] for m in workload["volumeMounts"]] == ["guardedcron-run"]
+        assert not {e["name"] for e in workload.get("env") or ()} & TLS_ENV.keys()
+    kubernetes_validate.validate(cronjob, "1.34.0", strict=True)
+
+
+def test_an_unset_ca_key_reads_ca_crt() -> None:
+    obj = put(base_gcj(), "spec.lease.tls", {"caSecretRef": {"name": "db-ca"}})
+    (_, ca_volume) = get(build(obj), f"{POD}.volumes")
+    assert ca_volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+
+
+def test_without_tls_nothing_of_it_is_injected() -> None:
+    pod = get(build(put(base_gcj(), "spec.lease.heartbeat", True)), POD)
+    assert [v["name"] for v in pod["volumes"]] == ["guardedcron-run"]
+    for container in pod["initContainers"]:
+        assert not {e["name"] for e in container["env"]} & TLS_ENV.keys()
+
+
 def test_cluster_name_prefixes_the_holder_of_guard_and_keeper() -> None:
     settings = settings_from_env({"GUARDEDCRON_CLUSTER_NAME": "eu-west-1"})
     init = get(build(put(base_gcj(), "spec.lease.heartbeat", True), settings),

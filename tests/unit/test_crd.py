@@ -269,6 +269,17 @@ def test_no_default_for_what_must_stay_unset() -> None:
     assert "name" not in stored["spec"]["lease"]  # the operator uses "<namespace>/<name>"
 
 
+def test_tls_is_stored_as_written() -> None:
+    """No defaults go into spec.lease.tls: an unset CA key stays unset (the builders read
+    ca.crt), and a lease without tls gets none."""
+    assert "tls" not in admit(minimal())[0]["spec"]["lease"]
+    obj = minimal()
+    obj["spec"]["lease"]["tls"] = {"caSecretRef": {"name": "db-ca"}}
+    stored, refusals = admit(obj)
+    assert refusals == []
+    assert stored["spec"]["lease"]["tls"] == {"caSecretRef": {"name": "db-ca"}}
+
+
 # --- the examples
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -447,6 +458,12 @@ REFUSED: list[Any] = [
      ("schema", ".spec.recentRunsLimit", "greater than the maximum of 100")),
     ("secret-name-not-dns", [put("spec.lease.databaseSecretRef.name", "Jobs_DB")],
      ("schema", ".spec.lease.databaseSecretRef.name", "does not match")),
+    ("tls-without-a-secret", [put("spec.lease.tls", {})],
+     ("cel", ".spec.lease.tls", "lease.tls needs caSecretRef, clientCertSecretRef or both")),
+    ("tls-ca-without-name", [put("spec.lease.tls", {"caSecretRef": {"key": "ca.crt"}})],
+     ("schema", ".spec.lease.tls.caSecretRef", "'name' is a required property")),
+    ("tls-client-cert-without-name", [put("spec.lease.tls", {"clientCertSecretRef": {}})],
+     ("schema", ".spec.lease.tls.clientCertSecretRef", "'name' is a required property")),
     ("misspelt-field", [put("spec.lease.heartBeat", True)],
      ("schema", ".spec.lease", "('heartBeat' was unexpected)")),
     ("schedule-not-a-string", [put("spec.schedule", 5)],

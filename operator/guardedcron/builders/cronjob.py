@@ -11,6 +11,7 @@ from guardedcron.builders.guard import (
     build_guard_container,
     build_keeper_container,
     build_run_volume,
+    build_tls_volumes,
     build_workload_mount,
     merge_image_pull_secrets,
     run_context_env,
@@ -120,7 +121,8 @@ def _guarded_pod_spec(pod_spec: dict[str, Any], parsed: ParsedSpec,
     pod_spec["initContainers"] = injected + user_init
     pod_spec["containers"] = [_with_workload_mount(c, env)
                               for c in pod_spec.get("containers") or ()]
-    pod_spec["volumes"] = [build_run_volume(settings), *(pod_spec.get("volumes") or ())]
+    pod_spec["volumes"] = [build_run_volume(settings), *build_tls_volumes(parsed, settings),
+                           *(pod_spec.get("volumes") or ())]
     pull_secrets = merge_image_pull_secrets(pod_spec.get("imagePullSecrets"), settings)
     if pull_secrets:  # only when there are some, so CronJobs without any stay as they were
         pod_spec["imagePullSecrets"] = pull_secrets

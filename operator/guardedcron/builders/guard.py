@@ -21,6 +21,13 @@ ENV_HOLDER = "GUARDEDCRON_HOLDER"
 GUARD_COMMAND = "guardedcron"
 FENCE_PATH = f"{contract.RUN_DIR}/{contract.FENCE_FILE}"
 KEEPER_READY_PATH = f"{contract.RUN_DIR}/{contract.KEEPER_READY_FILE}"
+# libpq's own variables for its TLS files (a DSN's sslrootcert, sslcert, sslkey win over them).
+ENV_LIBPQ_ROOT_CERT = "PGSSLROOTCERT"
+ENV_LIBPQ_CERT = "PGSSLCERT"
+ENV_LIBPQ_KEY = "PGSSLKEY"
+# Secret volumes' files readable by any user: the guard's user is the platform's or the
+# image's choice and the pod need not set fsGroup (the key is copied, see ENV_TLS_KEY_SOURCE).
+TLS_SECRET_MODE = 0o444
 
 
 def literal_arg(value: str) -> str:
@@ -42,8 +49,9 @@ def build_guard_container(parsed: ParsedSpec, settings: OperatorSettings) -> dic
         "--out", contract.RUN_DIR,
         *_run_context_args(parsed),
     ]
-    env = [*_identity_env(settings, with_job_name=True), _dsn_env(parsed)]
-    return _injected_container(contract.GUARD_CONTAINER, args, env, settings)
+    env = [*_identity_env(settings, with_job_name=True), _dsn_env(parsed), *_tls_env(parsed)]
+    return _injected_container(contract.GUARD_CONTAINER, args, env, settings,
+                               _tls_mounts(parsed))
 
 
 def _run_context_args(parsed: ParsedSpec) -> list[str]:
@@ -104,12 +112,13 @@ def build_keeper_container(parsed: ParsedSpec, settings: OperatorSettings) -> di
         "--lease-seconds", str(lease.duration_seconds),
         "--out", contract.RUN_DIR,
     ]
-    env = [*_identity_env(settings, with_job_name=False), _dsn_env(parsed)]
+    env = [*_identity_env(settings, with_job_name=False), _dsn_env(parsed), *_tls_env(parsed)]
     check_in = parsed.spec.check_in or settings.check_in_secret
     if check_in is not None:
         args.append(contract.KEEPER_CHECK_IN_FLAG)
         env.append(_check_in_env(check_in))
-    container = _injected_container(contract.KEEPER_CONTAINER, args, env, settings)
+    container = _injected_container(contract.KEEPER_CONTAINER, args, env, settings,
+                                    _tls_mounts(parsed))
     container["restartPolicy"] = "Always"
     container["startupProbe"] = build_keeper_startup_probe()
     return container
@@ -173,13 +182,78 @@ def build_run_volume(settings: OperatorSettings) -> dict[str, Any]:
     }
 
 
+def build_tls_volumes(parsed: ParsedSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """spec.lease.tls's Secrets, each key at a fixed file name, and the memory-backed volume
+    the guard and the keeper copy the client key into (only they mount these); none
+    without spec.lease.tls."""
+    tls = parsed.spec.lease.tls
+    if tls is None:
+        return []
+    volumes = []
+    if tls.ca is not None:
+        volumes.append(_secret_volume(contract.TLS_CA_VOLUME, tls.ca.name,
+                                      {tls.ca.key: contract.TLS_CA_FILE}))
+    if tls.client_secret is not None:
+        files = {contract.TLS_CLIENT_CERT_FILE: contract.TLS_CLIENT_CERT_FILE,
+                 contract.TLS_CLIENT_KEY_FILE: contract.TLS_CLIENT_KEY_FILE}
+        volumes.append(_secret_volume(contract.TLS_CLIENT_VOLUME, tls.client_secret, files))
+        volumes.append({"name": contract.TLS_KEY_VOLUME,
+                        "emptyDir": {"medium": "Memory",
+                                     "sizeLimit": settings.run_volume_size_limit}})
+    return volumes
+
+
+def _secret_volume(name: str, secret: str, files: Mapping[str, str]) -> dict[str, Any]:
+    # Only the keys named, so a Secret without one fails the pod's start with the kubelet
+    # naming the key, rather than the guard later with a missing file.
+    return {"name": name,
+            "secret": {"secretName": secret, "defaultMode": TLS_SECRET_MODE,
+                       "items": [{"key": key, "path": path} for key, path in files.items()]}}
+
+
+def _tls_mounts(parsed: ParsedSpec) -> list[dict[str, Any]]:
+    tls = parsed.spec.lease.tls
+    if tls is None:
+        return []
+    mounts = []
+    if tls.ca is not None:
+        mounts.append({"name": contract.TLS_CA_VOLUME, "mountPath": contract.TLS_CA_DIR,
+                       "readOnly": True})
+    if tls.client_secret is not None:
+        mounts.append({"name": contract.TLS_CLIENT_VOLUME, "mountPath": contract.TLS_CLIENT_DIR,
+                       "readOnly": True})
+        mounts.append({"name": contract.TLS_KEY_VOLUME, "mountPath": contract.TLS_KEY_DIR})
+    return mounts
+
+
+def _tls_env(parsed: ParsedSpec) -> list[dict[str, Any]]:
+    """libpq pointed at spec.lease.tls's files; the client key at the copy the guard makes."""
+    tls = parsed.spec.lease.tls
+    if tls is None:
+        return []
+    env = []
+    if tls.ca is not None:
+        env.append({"name": ENV_LIBPQ_ROOT_CERT,
+                    "value": f"{contract.TLS_CA_DIR}/{contract.TLS_CA_FILE}"})
+    if tls.client_secret is not None:
+        env += [
+            {"name": ENV_LIBPQ_CERT,
+             "value": f"{contract.TLS_CLIENT_DIR}/{contract.TLS_CLIENT_CERT_FILE}"},
+            {"name": ENV_LIBPQ_KEY, "value": f"{contract.TLS_KEY_DIR}/{contract.TLS_CLIENT_KEY_FILE}"},
+            {"name": contract.ENV_TLS_KEY_SOURCE,
+             "value": f"{contract.TLS_CLIENT_DIR}/{contract.TLS_CLIENT_KEY_FILE}"},
+        ]
+    return env
+
+
 def build_workload_mount() -> dict[str, Any]:
     """The run volume as the workload sees it: readable, never writable."""
     return {"name": contract.RUN_VOLUME, "mountPath": contract.RUN_DIR, "readOnly": True}
 
 
 def _injected_container(name: str, args: list[str], env: list[dict[str, Any]],
-                        settings: OperatorSettings) -> dict[str, Any]:
+                        settings: OperatorSettings,
+                        tls_mounts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "name": name,
         "image": settings.guard_image,
@@ -191,7 +265,8 @@ def _injected_container(name: str, args: list[str], env: list[dict[str, Any]],
         "securityContext": _restricted_security_context(settings),
         # The guard's own one-line result when it wrote one, else the tail of its log.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [{"name": contract.RUN_VOLUME, "mountPath": contract.RUN_DIR}],
+        "volumeMounts": [{"name": contract.RUN_VOLUME, "mountPath": contract.RUN_DIR},
+                         *tls_mounts],
     }
 
 

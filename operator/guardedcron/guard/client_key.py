@@ -5,7 +5,7 @@ with at most mode 0640. A Kubernetes Secret volume gives the guard's user (65532
 fsGroup required of the user's pod) a root-owned file it can read only because it is
 world-readable (defaultMode 0644), so libpq would refuse it. With
 GUARDEDCRON_TLS_KEY_SOURCE set, the guard copies the key from there to PGSSLKEY, mode
-0600, before every connection (docs/design.md, "TLS to the database").
+0600, before every connection (docs/design.md, "Generated CronJob", TLS).
 """
 
 from __future__ import annotations

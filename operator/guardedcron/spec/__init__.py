@@ -3,6 +3,7 @@
 from guardedcron.spec.defaults import apply_schema_defaults
 from guardedcron.spec.errors import Problem, SpecError
 from guardedcron.spec.model import (
+    DatabaseTls,
     GuardedCronJobSpec,
     LeaseSpec,
     OnLost,
@@ -23,6 +24,7 @@ from guardedcron.spec.settings import (
 
 __all__ = [
     "DEFAULT_NO_SUCCESS_SLOTS",
+    "DatabaseTls",
     "Flags",
     "GuardResources",
     "GuardedCronJobSpec",

@@ -24,6 +24,15 @@ class SecretKeyRef:
 
 
 @dataclass(frozen=True)
+class DatabaseTls:
+    """spec.lease.tls: where the guard and the keeper read libpq's TLS files from (at
+    least one of the two is set)."""
+
+    ca: SecretKeyRef | None  # the CA certificate that signed the server's certificate
+    client_secret: str | None  # a kubernetes.io/tls Secret: tls.crt and tls.key
+
+
+@dataclass(frozen=True)
 class LeaseSpec:
     # The lock in the database (spec.locks): "<namespace>/<lease.name or metadata.name>",
     # or "shared:<sharedLock>" for a shared lock, which the operator takes only when the
@@ -35,6 +44,7 @@ class LeaseSpec:
     heartbeat: bool  # true adds the keeper sidecar that renews the lease
     on_lost: OnLost
     shared_lock: str | None = None  # spec.lease.sharedLock, the allow-list's name
+    tls: DatabaseTls | None = None  # None: libpq's defaults
 
 
 @dataclass(frozen=True)

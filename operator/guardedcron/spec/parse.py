@@ -32,6 +32,7 @@ from guardedcron.spec.locks import (
 from guardedcron.spec.model import (
     CatchUpPolicy,
     CatchUpSpec,
+    DatabaseTls,
     DstPolicy,
     GuardedCronJobSpec,
     LeaseSpec,
@@ -55,6 +56,9 @@ MIN_STARTING_DEADLINE_SECONDS = 10  # the CronJob controller looks every 10 s; l
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# spec.lease.tls.caSecretRef.key when unset: where cert-manager and kubernetes.io/tls
+# Secrets keep the CA (no schema default, so that the stored spec stays as written).
+DEFAULT_TLS_CA_KEY = "ca.crt"
 # Limits the CRD schema sets too; repeated so that render answers as admission does.
 MAX_SCHEDULE_LENGTH = 256
 MAX_TIME_ZONE_LENGTH = 64
@@ -369,6 +373,7 @@ def _read_time_zone(r: _Reader, name: str | None) -> tzinfo | None:
 def _read_lease(r: _Reader, lease: Mapping[str, Any], namespace: str, gcj_name: str,
                 active_deadline: int | None) -> LeaseSpec | None:
     ref = _read_secret_ref(r, lease)
+    tls = _read_tls(r, lease)
     lock = _read_lock(r, lease, namespace, gcj_name)
     duration = _lease_seconds(r, lease, "durationSeconds", minimum=1)
     min_hold = _lease_seconds(r, lease, "minHoldSeconds", minimum=0)
@@ -394,11 +399,42 @@ def _read_lease(r: _Reader, lease: Mapping[str, Any], namespace: str, gcj_name: 
                   "while the job may still be running")
 
     if (ref is None or lock is None or duration is None or min_hold is None
-            or heartbeat is None or on_lost is None or min_hold > duration):
+            or heartbeat is None or on_lost is None or min_hold > duration or tls is False):
         return None
     return LeaseSpec(name=lock[0], database_secret_ref=ref, duration_seconds=duration,
                      min_hold_seconds=min_hold, heartbeat=heartbeat,
-                     on_lost=cast(OnLost, on_lost), shared_lock=lock[1])
+                     on_lost=cast(OnLost, on_lost), shared_lock=lock[1], tls=tls)
+
+
+def _read_tls(r: _Reader, lease: Mapping[str, Any]) -> DatabaseTls | Literal[False] | None:
+    """spec.lease.tls (None: unset); False when it is bad. The same rules as the CRD's."""
+    path = "spec.lease.tls"
+    tls = r.field(lease, "tls", path, dict, required=False)
+    if tls is None:
+        return False if lease.get("tls") is not None else None
+    ca = None
+    ca_ref = tls.get("caSecretRef")
+    if ca_ref is not None:
+        keyed = {"key": DEFAULT_TLS_CA_KEY, **ca_ref} if isinstance(ca_ref, Mapping) else ca_ref
+        ca = _read_secret_key_ref(r, {"caSecretRef": keyed}, "caSecretRef", f"{path}.caSecretRef")
+        if ca is None:
+            return False
+    client = None
+    if tls.get("clientCertSecretRef") is not None:
+        client_path = f"{path}.clientCertSecretRef"
+        ref = r.field(tls, "clientCertSecretRef", client_path, dict, required=True)
+        client = (r.field(ref, "name", f"{client_path}.name", str, required=True)
+                  if ref is not None else None)
+        if client is not None and not _DNS_SUBDOMAIN.match(client):
+            r.problem(f"{client_path}.name", f"{client!r} is not a valid Secret name")
+            client = None
+        if client is None:
+            return False
+    if ca is None and client is None:
+        r.problem(path, "needs caSecretRef, clientCertSecretRef or both; leave spec.lease.tls "
+                  "unset to use libpq's defaults")
+        return False
+    return DatabaseTls(ca=ca, client_secret=client)
 
 
 def _read_lock(r: _Reader, lease: Mapping[str, Any], namespace: str, gcj_name: str
