@@ -45,6 +45,7 @@ from guardedcron.spec.model import (
 from guardedcron.spec.reserved import (
     RESERVED_CONTAINER_NAMES,
     RESERVED_MOUNT_PATH,
+    RESERVED_TLS_VOLUME_NAMES,
     RESERVED_VOLUME_NAME,
     owner_labels,
 )
@@ -598,6 +599,10 @@ def _check_pod_spec(r: _Reader, pod_spec: Mapping[str, Any], path: str) -> None:
                 r.problem(f"{list_path}[{index}].name",
                           f"{RESERVED_VOLUME_NAME!r} is reserved for the volume guardedcron "
                           f"mounts at {contract.RUN_DIR}; rename this volume")
+            elif volume.get("name") in RESERVED_TLS_VOLUME_NAMES:
+                r.problem(f"{list_path}[{index}].name",
+                          f"{volume['name']!r} is reserved for the volumes guardedcron gives "
+                          "the guard and the keeper for spec.lease.tls; rename this volume")
 
 
 def _read_named_list(r: _Reader, parent: Mapping[str, Any], key: str, path: str, *,
