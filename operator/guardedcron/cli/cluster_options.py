@@ -5,6 +5,7 @@ name and namespace, made before any request."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from guardedcron import contract
 from guardedcron.objects import is_dns_label, is_dns_subdomain
@@ -31,3 +32,12 @@ def name_problems(name: str | None, namespace: str | None) -> list[str]:
                         "digits and '-', starting and ending with a letter or digit, at most "
                         f"{contract.NAMESPACE_MAX} characters)")
     return problems
+
+
+def reported_name_problems(prog: str, name: str | None, namespace: str | None) -> bool:
+    """Print each of name_problems as `prog: problem` on stderr; True when there was one
+    (the command then exits 64 with nothing changed)."""
+    problems = name_problems(name, namespace)
+    for problem in problems:
+        print(f"{prog}: {problem}", file=sys.stderr)
+    return bool(problems)

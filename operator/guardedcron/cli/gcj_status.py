@@ -23,7 +23,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from guardedcron.cli.cluster_options import add_cluster_options, name_problems
+from guardedcron.cli.cluster_options import add_cluster_options, reported_name_problems
 from guardedcron.cli.gcj_common import (
     PROG,
     RUN_COLUMNS,
@@ -67,10 +67,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    problems = name_problems(args.name, args.namespace)
-    for problem in problems:
-        print(f"{PROG} status: {problem}", file=sys.stderr)
-    if problems:
+    if reported_name_problems(f"{PROG} status", args.name, args.namespace):
         return EXIT_USAGE
     try:
         view = asyncio.run(gather(args.name, args.namespace, args.kubeconfig, args.context,

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from guardedcron.cli.cluster_options import add_cluster_options, name_problems
+from guardedcron.cli.cluster_options import add_cluster_options, reported_name_problems
 from guardedcron.cli.gcj_common import PROG, RESOURCE_NAME, PluginFailed, cluster, get_guarded_cronjob
 from guardedcron.contract import EXIT_OK, EXIT_USAGE
 from guardedcron.kube import GUARDED_CRONJOBS
@@ -50,10 +50,7 @@ def add_parsers(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prog = f"{PROG} {args.command}"
-    problems = name_problems(args.name, args.namespace)
-    for problem in problems:
-        print(f"{prog}: {problem}", file=sys.stderr)
-    if problems:
+    if reported_name_problems(prog, args.name, args.namespace):
         return EXIT_USAGE
     try:
         answer, manager = asyncio.run(set_suspend(args.name, args.namespace, args.suspend,

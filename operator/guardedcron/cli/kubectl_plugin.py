@@ -34,7 +34,7 @@ from typing import Any
 
 from guardedcron import contract
 from guardedcron.cli import backfill, gcj_status, gcj_suspend, render, support_report, trigger
-from guardedcron.cli.cluster_options import add_cluster_options, name_problems
+from guardedcron.cli.cluster_options import add_cluster_options, reported_name_problems
 from guardedcron.cli.gcj_common import (
     PROG,
     RUN_COLUMNS,
@@ -121,10 +121,7 @@ def run_runs(args: argparse.Namespace) -> int:
         print(f"{PROG} runs: a GuardedCronJob cannot be read by name across all namespaces "
               "(-A): give -n instead", file=sys.stderr)
         return EXIT_USAGE
-    problems = name_problems(args.name, args.namespace)
-    for problem in problems:
-        print(f"{PROG} runs: {problem}", file=sys.stderr)
-    if problems:
+    if reported_name_problems(f"{PROG} runs", args.name, args.namespace):
         return EXIT_USAGE
     try:
         where, rows = asyncio.run(recent_runs(args.name, args.namespace, args.all_namespaces,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from guardedcron import __version__, contract
-from guardedcron.cli.cluster_options import add_cluster_options, name_problems
+from guardedcron.cli.cluster_options import add_cluster_options, reported_name_problems
 from guardedcron.cli.gcj_common import PROG, PluginFailed, cluster, get_guarded_cronjob, where_of
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from guardedcron.guard import redaction
@@ -60,10 +60,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prog = f"{PROG} report"
-    problems = name_problems(args.name, args.namespace)
-    for problem in problems:
-        print(f"{prog}: {problem}", file=sys.stderr)
-    if problems:
+    if reported_name_problems(prog, args.name, args.namespace):
         return EXIT_USAGE
     try:
         report = asyncio.run(collect(args.name, args.namespace, args.kubeconfig, args.context))

@@ -33,7 +33,7 @@ from guardedcron.builders.manual import (
     manual_job_name,
     suffix_from_bytes,
 )
-from guardedcron.cli.cluster_options import add_cluster_options, name_problems
+from guardedcron.cli.cluster_options import add_cluster_options, reported_name_problems
 from guardedcron.cli.kubeconfig import KubeconfigError, connection_info
 from guardedcron.contract import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from guardedcron.kube import (
@@ -72,10 +72,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    problems = name_problems(args.name, args.namespace)
-    if problems:
-        for problem in problems:
-            print(f"{getattr(args, 'prog', 'guardedcron trigger')}: {problem}", file=sys.stderr)
+    if reported_name_problems(getattr(args, "prog", "guardedcron trigger"), args.name, args.namespace):
         return EXIT_USAGE
     try:
         answer = asyncio.run(trigger(args.name, args.namespace, args.kubeconfig, args.context))
