@@ -401,12 +401,6 @@ def test_tls_mounts_the_secrets_into_guard_and_keeper_only(tls: dict[str, Any],
     kubernetes_validate.validate(cronjob, "1.34.0", strict=True)
 
 
-def test_an_unset_ca_key_reads_ca_crt() -> None:
-    obj = put(base_gcj(), "spec.lease.tls", {"caSecretRef": {"name": "db-ca"}})
-    (_, ca_volume) = get(build(obj), f"{POD}.volumes")
-    assert ca_volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
-
-
 def test_without_tls_nothing_of_it_is_injected() -> None:
     pod = get(build(put(base_gcj(), "spec.lease.heartbeat", True)), POD)
     assert [v["name"] for v in pod["volumes"]] == ["guardedcron-run"]

@@ -269,15 +269,15 @@ def test_no_default_for_what_must_stay_unset() -> None:
     assert "name" not in stored["spec"]["lease"]  # the operator uses "<namespace>/<name>"
 
 
-def test_tls_is_stored_as_written() -> None:
-    """No defaults go into spec.lease.tls: an unset CA key stays unset (the builders read
-    ca.crt), and a lease without tls gets none."""
+def test_tls_defaults_only_the_ca_key() -> None:
+    """A lease without tls gets none; an unset CA key is stored as ca.crt, where
+    cert-manager and kubernetes.io/tls Secrets keep the CA."""
     assert "tls" not in admit(minimal())[0]["spec"]["lease"]
     obj = minimal()
     obj["spec"]["lease"]["tls"] = {"caSecretRef": {"name": "db-ca"}}
     stored, refusals = admit(obj)
     assert refusals == []
-    assert stored["spec"]["lease"]["tls"] == {"caSecretRef": {"name": "db-ca"}}
+    assert stored["spec"]["lease"]["tls"] == {"caSecretRef": {"name": "db-ca", "key": "ca.crt"}}
 
 
 # --- the examples

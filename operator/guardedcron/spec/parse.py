@@ -57,9 +57,6 @@ MIN_STARTING_DEADLINE_SECONDS = 10  # the CronJob controller looks every 10 s; l
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-# spec.lease.tls.caSecretRef.key when unset: where cert-manager and kubernetes.io/tls
-# Secrets keep the CA (no schema default, so that the stored spec stays as written).
-DEFAULT_TLS_CA_KEY = "ca.crt"
 # Limits the CRD schema sets too; repeated so that render answers as admission does.
 MAX_SCHEDULE_LENGTH = 256
 MAX_TIME_ZONE_LENGTH = 64
@@ -416,8 +413,7 @@ def _read_tls(r: _Reader, lease: Mapping[str, Any]) -> DatabaseTls | Literal[Fal
     ca = None
     ca_ref = tls.get("caSecretRef")
     if ca_ref is not None:
-        keyed = {"key": DEFAULT_TLS_CA_KEY, **ca_ref} if isinstance(ca_ref, Mapping) else ca_ref
-        ca = _read_secret_key_ref(r, {"caSecretRef": keyed}, "caSecretRef", f"{path}.caSecretRef")
+        ca = _read_secret_key_ref(r, tls, "caSecretRef", f"{path}.caSecretRef")
         if ca is None:
             return False
     client = None
