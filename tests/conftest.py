@@ -18,6 +18,7 @@ from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.support.suite_order import QUIET_MACHINE_MARKER, quiet_checks_first_e2e_last
+from tests.support.tls import Certificates, make_certificates
 from tests.support.toxiproxy import Proxied, proxy_in_front
 
 
@@ -93,6 +94,21 @@ def pgbouncer(postgres: ThrowawayPostgres) -> Iterator[PgBouncer]:
     installed or not starting: the test fails with the exact reason, it is never skipped."""
     with PgBouncer(postgres.dsn()) as pooler:
         yield pooler
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """A private CA, a server certificate it signed, a client certificate it signed, and
+    another CA that signed neither."""
+    return make_certificates(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def client_cert_server(certificates: Certificates) -> Iterator[ThrowawayPostgres]:
+    """A PostgreSQL whose TCP logins need TLS and a client certificate signed by `certificates.ca`."""
+    with ThrowawayPostgres(max_connections=20, tls=certificates.server,
+                           client_ca=certificates.ca.cert) as server:
+        yield server
 
 
 @pytest.fixture

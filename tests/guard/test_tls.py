@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from guardedcron.contract import (
@@ -24,53 +23,16 @@ from guardedcron.contract import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from guardedcron.guard.migrations import migrate
-from guardedcron_devenv.pki import KeyPair, make_ca, make_leaf
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.support import CliResult, run_cli
+from tests.support.tls import Certificates, migrated_dsn
 
 ACQUIRE = ["acquire", "--holder", "pod-a", "--lease-seconds", "30", "--connect-timeout", "5"]
-
-
-@dataclass(frozen=True)
-class Certificates:
-    ca: KeyPair
-    stranger_ca: KeyPair  # signs nothing the server shows
-    server: KeyPair  # for 127.0.0.1 and localhost, signed by `ca`
-    client: KeyPair  # CN=the server's superuser, signed by `ca`
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    folder = tmp_path_factory.mktemp("pki")
-    ca = make_ca(folder, "database-ca")
-    return Certificates(
-        ca=ca,
-        stranger_ca=make_ca(folder, "stranger-ca"),
-        server=make_leaf(folder, "server", ca, "/CN=database", "serverAuth",
-                         ("IP:127.0.0.1", "DNS:localhost")),
-        client=make_leaf(folder, "client", ca, "/CN=guardedcron", "clientAuth"),
-    )
-
-
-def migrated_dsn(server: ThrowawayPostgres) -> str:
-    name = f"tls_{uuid.uuid4().hex[:12]}"
-    server.create_database(name)
-    with psycopg.connect(server.socket_conninfo(name), autocommit=True) as conn:
-        migrate(conn)
-    return f"{server.dsn(name)}?sslmode=verify-full"
 
 
 @pytest.fixture(scope="module")
 def tls_server(certificates: Certificates) -> Iterator[ThrowawayPostgres]:
     with ThrowawayPostgres(max_connections=20, tls=certificates.server) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client_cert_server(certificates: Certificates) -> Iterator[ThrowawayPostgres]:
-    with ThrowawayPostgres(max_connections=20, tls=certificates.server,
-                           client_ca=certificates.ca.cert) as server:
         yield server
 
 

@@ -1,11 +1,14 @@
 """Outcome recording (GUARDEDCRON_OUTCOME_RECORDING) with a real PostgreSQL and the API
 emulator: a finished run's outcome reaches the history and its lease ends early; a lease
-someone else holds is never touched; failures are Events that carry no password."""
+someone else holds is never touched; failures are Events that carry no password; with
+spec.lease.tls, the CA and client certificate come from their Secrets, and the files
+written for the connection are gone afterwards."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +23,8 @@ from guardedcron.guard.lease import AcquireRequest
 from guardedcron.handlers.context import PassMemory
 from guardedcron.handlers.outcomes import APPLICATION_NAME, RECORDING_TIMEOUT_SECONDS
 from guardedcron.kube import SECRETS, KubeClient
+from guardedcron_devenv.pki import KeyPair
+from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.operator.passes import create_gcj, one_pass
 from tests.operator.runs_support import full_pass, store_run
 from tests.support import status_objects as k
@@ -27,6 +32,7 @@ from tests.support.clock import T0
 from tests.support.emulator import GuardedEmulator
 from tests.support.gcj import base_gcj
 from tests.support.status_world import Runs
+from tests.support.tls import Certificates, migrated_dsn
 from tests.support.toxiproxy import Proxied
 
 NS, NAME, LOCK = k.NAMESPACE, k.CRONJOB, f"{k.NAMESPACE}/{k.CRONJOB}"
@@ -39,9 +45,14 @@ def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Runs:
 
 
 async def secret(client: KubeClient, dsn: str, key: str = "dsn") -> None:
+    await put_secret(client, "jobs-db", {key: dsn.encode()})
+
+
+async def put_secret(client: KubeClient, name: str, data: dict[str, bytes]) -> None:
     await client.create(SECRETS, NS, {"apiVersion": "v1", "kind": "Secret",
-                                      "metadata": {"name": "jobs-db", "namespace": NS},
-                                      "data": {key: base64.b64encode(dsn.encode()).decode()}})
+                                      "metadata": {"name": name, "namespace": NS},
+                                      "data": {key: base64.b64encode(value).decode()
+                                               for key, value in data.items()}})
 
 
 def database(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
@@ -217,3 +228,108 @@ async def test_a_schema_without_release_v2_asks_for_the_migration(
     (event,) = not_recorded(api)
     assert "is missing or older than version 3; run `guardedcron db migrate`" in event["message"]
     assert lease_and_runs(dsn)[0] == (k.holder_of(job), True)
+
+
+# --- spec.lease.tls: a server with a private CA that requires client certificates -----
+TLS_SPEC = {"caSecretRef": {"name": "db-ca", "key": "ca.crt"}, "clientCertSecretRef": {"name": "db-client"}}
+
+
+@pytest.fixture
+def tls_folders(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every temporary directory the operator makes while the test runs (the real one)."""
+    made: list[Path] = []
+    make = tempfile.mkdtemp
+
+    def recording(*args: Any, **kwargs: Any) -> str:
+        folder = make(*args, **kwargs)
+        made.append(Path(folder))
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording)
+    return made
+
+
+def tls_secrets(ca: KeyPair, client_pair: KeyPair) -> dict[str, dict[str, bytes]]:
+    """TLS_SPEC's Secrets: the CA's, and the client's (kubernetes.io/tls)."""
+    return {"db-ca": {"ca.crt": ca.cert.read_bytes()},
+            "db-client": {"tls.crt": client_pair.cert.read_bytes(), "tls.key": client_pair.key.read_bytes()}}
+
+
+async def tls_world(client: KubeClient, runs: Runs, server: ThrowawayPostgres,
+                    secrets: dict[str, dict[str, bytes]]) -> tuple[dict[str, Any], str]:
+    """A finished run holding the lease in a TLS server's database, its DSN (verify-full)
+    and the `secrets` in the API, and a GuardedCronJob naming them in spec.lease.tls; the
+    socket conninfo of that database, for the test's own look."""
+    dsn = migrated_dsn(server)
+    admin = server.socket_conninfo(str(conninfo_to_dict(dsn)["dbname"]))
+    job, pods = runs.succeeded(AT, 1)
+    with database(admin) as conn:
+        assert lease_ops.acquire(conn, AcquireRequest(LOCK, k.holder_of(job), 3600)).acquired
+    await secret(client, dsn)
+    for name, data in secrets.items():
+        await put_secret(client, name, data)
+    gcj = base_gcj()
+    gcj["spec"]["lease"]["tls"] = TLS_SPEC
+    await create_gcj(client, gcj)
+    await one_pass(client, NS, NAME, now=T0)
+    await store_run(client, job, pods)
+    return job, admin
+
+
+async def test_over_tls_the_run_is_recorded_with_the_secrets_files_then_removed(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, client_cert_server: ThrowawayPostgres,
+        certificates: Certificates, tls_folders: list[Path]) -> None:
+    job, admin = await tls_world(client, runs, client_cert_server,
+                                 tls_secrets(certificates.ca, certificates.client))
+
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory(), outcome_recording=True)
+
+    assert not_recorded(api) == []
+    lease, rows = lease_and_runs(admin)
+    assert lease == (k.holder_of(job), False)
+    assert [(h, o) for h, o, _ in rows] == [(k.holder_of(job), "succeeded")]
+    (folder,) = tls_folders
+    assert not folder.exists()
+
+
+async def test_a_server_the_ca_did_not_sign_is_an_event_naming_the_check(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, client_cert_server: ThrowawayPostgres,
+        certificates: Certificates, tls_folders: list[Path]) -> None:
+    _, admin = await tls_world(client, runs, client_cert_server,
+                               tls_secrets(certificates.stranger_ca, certificates.client))
+
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory(), outcome_recording=True)
+
+    (event,) = not_recorded(api)
+    assert "TLS: server certificate verification failed" in event["message"]
+    assert "certificate verify failed" in event["message"]
+    assert client_cert_server.password not in event["message"]
+    assert lease_and_runs(admin)[1][0][1] == "running"
+    (folder,) = tls_folders
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize(("missing", "expected"), [
+    (("db-ca", None), "Secret billing/db-ca (spec.lease.tls.caSecretRef) does not exist"),
+    (("db-client", None), "Secret billing/db-client (spec.lease.tls.clientCertSecretRef) does not exist"),
+    (("db-client", "tls.key"), "Secret billing/db-client has no key 'tls.key'"),
+])
+async def test_a_missing_tls_secret_or_key_is_an_event_naming_it(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, client_cert_server: ThrowawayPostgres,
+        certificates: Certificates, tls_folders: list[Path], missing: tuple[str, str | None],
+        expected: str) -> None:
+    secrets = tls_secrets(certificates.ca, certificates.client)
+    name, key = missing
+    if key is None:
+        del secrets[name]
+    else:
+        del secrets[name][key]
+    _, admin = await tls_world(client, runs, client_cert_server, secrets)
+
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory(), outcome_recording=True)
+
+    (event,) = not_recorded(api)
+    assert expected in event["message"]
+    assert "BEGIN" not in event["message"]  # no certificate or key contents
+    assert lease_and_runs(admin)[1][0][1] == "running"
+    assert tls_folders == []  # nothing written: every Secret is read before anything else

@@ -18,6 +18,14 @@ the network, which can itself hang for seconds).
 The DSN is read from the Secret the spec names only when there is something to record,
 kept in a local variable for that one connection, and never logged: messages name
 `user@host:port/dbname` and are scrubbed of the password.
+
+spec.lease.tls is honoured the same way: the CA and the client certificate and key are
+read from their Secrets before connecting, written to a private temporary directory (0700,
+files 0600) for that one connection only, handed to libpq as `sslrootcert`, `sslcert` and
+`sslkey`, and removed afterwards, also on error. These win over the same parameters in
+the DSN (libpq: explicit parameters override the conninfo string): a path in the DSN
+names a file in the job's pod, which the operator does not have. (In the pod it is the
+other way round: the DSN's parameters win over PGSSLROOTCERT and friends.)
 """
 
 from __future__ import annotations
@@ -26,12 +34,19 @@ import asyncio
 import base64
 import binascii
 import logging
-from collections.abc import Sequence
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from guardedcron.guard.connection import (
     SCHEMA_MISSING_STATES,
     check_dsn,
+    connect_failure_reason,
     connection_options,
     describe,
     last_line,
@@ -40,7 +55,7 @@ from guardedcron.guard.connection import (
 )
 from guardedcron.guard.errors import BadInput
 from guardedcron.kube import SECRETS, ApiError, KubeClient, KubeError, NotFound
-from guardedcron.spec import ParsedSpec
+from guardedcron.spec import DatabaseTls, ParsedSpec
 from guardedcron.status import EventReason, RunEvent
 from guardedcron.status.outcomes import OutcomeRecord
 
@@ -49,6 +64,8 @@ CONNECT_TIMEOUT_SECONDS = 5
 # Connect plus one short call per run: a pass never waits longer than this on the database.
 RECORDING_TIMEOUT_SECONDS = 15.0
 APPLICATION_NAME = "guardedcron-operator"
+# Per run: whether release_v2 released it, and the lease's holder otherwise.
+Answers = list[tuple[bool, str | None]]
 
 
 class NotRecorded(Exception):
@@ -62,7 +79,8 @@ async def record_outcomes(parsed: ParsedSpec | None, records: Sequence[OutcomeRe
         return []
     try:
         dsn = await read_dsn(client, namespace, parsed)
-        answers = await _release_all(dsn, parsed.spec.lease.name, records)
+        tls = await read_tls(client, namespace, parsed.spec.lease.tls)
+        answers = await _release_all(dsn, tls, parsed.spec.lease.name, records)
     except NotRecorded as error:
         return _not_recorded(records, str(error))
     for record, (released, holder) in zip(records, answers, strict=True):
@@ -77,11 +95,43 @@ async def record_outcomes(parsed: ParsedSpec | None, records: Sequence[OutcomeRe
 
 async def read_dsn(client: KubeClient, namespace: str, parsed: ParsedSpec) -> str:
     ref = parsed.spec.lease.database_secret_ref
-    where = f"Secret {namespace}/{ref.name}"
+    data = await _secret_data(client, namespace, ref.name, "spec.lease.databaseSecretRef")
+    value = _secret_value(data, f"Secret {namespace}/{ref.name}", ref.key)
     try:
-        secret = await client.get(SECRETS, namespace, ref.name)
+        return value.decode()
+    except UnicodeDecodeError:
+        raise NotRecorded(f"Secret {namespace}/{ref.name} key {ref.key!r} is not UTF-8 text") from None
+
+
+@dataclass(frozen=True)
+class TlsMaterial:
+    """spec.lease.tls's files as their Secrets hold them; never logged."""
+
+    ca: bytes | None
+    client_cert_and_key: tuple[bytes, bytes] | None  # tls.crt, tls.key
+
+
+async def read_tls(client: KubeClient, namespace: str, tls: DatabaseTls | None) -> TlsMaterial | None:
+    if tls is None:
+        return None
+    ca = None
+    if tls.ca is not None:
+        data = await _secret_data(client, namespace, tls.ca.name, "spec.lease.tls.caSecretRef")
+        ca = _secret_value(data, f"Secret {namespace}/{tls.ca.name}", tls.ca.key)
+    client_cert_and_key = None
+    if tls.client_secret is not None:
+        data = await _secret_data(client, namespace, tls.client_secret, "spec.lease.tls.clientCertSecretRef")
+        where = f"Secret {namespace}/{tls.client_secret}"
+        client_cert_and_key = (_secret_value(data, where, "tls.crt"), _secret_value(data, where, "tls.key"))
+    return TlsMaterial(ca, client_cert_and_key)
+
+
+async def _secret_data(client: KubeClient, namespace: str, name: str, field: str) -> dict[str, Any]:
+    where = f"Secret {namespace}/{name}"
+    try:
+        secret = await client.get(SECRETS, namespace, name)
     except NotFound:
-        raise NotRecorded(f"{where} (spec.lease.databaseSecretRef) does not exist") from None
+        raise NotRecorded(f"{where} ({field}) does not exist") from None
     except ApiError as error:
         if error.code == 403:
             raise NotRecorded(f"the operator may not read {where}: outcome recording needs `get` on "
@@ -89,31 +139,73 @@ async def read_dsn(client: KubeClient, namespace: str, parsed: ParsedSpec) -> st
         raise NotRecorded(f"reading {where} failed: {error}") from None
     except KubeError as error:
         raise NotRecorded(f"reading {where} failed: {error}") from None
-    encoded = (secret.get("data") or {}).get(ref.key)
+    data = secret.get("data")
+    return data if isinstance(data, dict) else {}
+
+
+def _secret_value(data: dict[str, Any], where: str, key: str) -> bytes:
+    encoded = data.get(key)
     if not isinstance(encoded, str):
-        raise NotRecorded(f"{where} has no key {ref.key!r}")
+        raise NotRecorded(f"{where} has no key {key!r}")
     try:
-        return base64.b64decode(encoded, validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        raise NotRecorded(f"{where} key {ref.key!r} is not base64-encoded UTF-8 text") from None
+        return base64.b64decode(encoded, validate=True)
+    except binascii.Error:
+        raise NotRecorded(f"{where} key {key!r} is not base64-encoded") from None
 
 
-async def _release_all(dsn: str, lock: str,
-                       records: Sequence[OutcomeRecord]) -> list[tuple[bool, str | None]]:
-    # Imported here: an operator that does not record outcomes never loads the driver.
-    import psycopg
+@contextmanager
+def tls_parameters(tls: TlsMaterial | None) -> Iterator[dict[str, str]]:
+    """libpq's sslrootcert, sslcert and sslkey for one connection: files in a private
+    directory that is removed afterwards, whatever the connection did."""
+    if tls is None:
+        yield {}
+        return
+    folder = Path(tempfile.mkdtemp(prefix="guardedcron-tls-"))  # mkdtemp: mode 0700
+    try:
+        parameters = {}
+        if tls.ca is not None:
+            parameters["sslrootcert"] = _private_file(folder / "ca.crt", tls.ca)
+        if tls.client_cert_and_key is not None:
+            cert, key = tls.client_cert_and_key
+            parameters["sslcert"] = _private_file(folder / "tls.crt", cert)
+            # libpq refuses a key that its group or others may read.
+            parameters["sslkey"] = _private_file(folder / "tls.key", key)
+        yield parameters
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
+
+def _private_file(path: Path, content: bytes) -> str:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(content)
+    return str(path)
+
+
+async def _release_all(dsn: str, tls: TlsMaterial | None, lock: str,
+                       records: Sequence[OutcomeRecord]) -> Answers:
     loop = asyncio.get_running_loop()
     ends = loop.time() + RECORDING_TIMEOUT_SECONDS
     try:
         check_dsn(dsn)
     except BadInput as error:
         raise NotRecorded(str(error)) from None
+    with tls_parameters(tls) as tls_files:
+        return await _release_all_connected(dsn, tls_files, lock, records, ends)
+
+
+async def _release_all_connected(dsn: str, tls_files: dict[str, str], lock: str,
+                                 records: Sequence[OutcomeRecord], ends: float) -> Answers:
+    # Imported here: an operator that does not record outcomes never loads the driver.
+    import psycopg
+
+    loop = asyncio.get_running_loop()
     try:
         connection = await psycopg.AsyncConnection.connect(
-            dsn, application_name=APPLICATION_NAME, **connection_options(CONNECT_TIMEOUT_SECONDS))
+            dsn, application_name=APPLICATION_NAME,
+            **{**connection_options(CONNECT_TIMEOUT_SECONDS), **tls_files})
     except psycopg.Error as error:
-        reason = last_line(scrub(str(error), dsn))
+        reason = connect_failure_reason(scrub(str(error), dsn))
         raise NotRecorded(f"cannot reach database {describe(dsn)}: {reason}") from None
     # At `ends`, cut the socket: the call waiting on it fails at once, whatever the network does.
     watchdog = loop.call_at(ends, shut_down_socket, connection.fileno())
