@@ -333,3 +333,17 @@ async def test_a_missing_tls_secret_or_key_is_an_event_naming_it(
     assert "BEGIN" not in event["message"]  # no certificate or key contents
     assert lease_and_runs(admin)[1][0][1] == "running"
     assert tls_folders == []  # nothing written: every Secret is read before anything else
+
+
+async def test_tls_files_that_cannot_be_written_are_an_event_not_a_failed_pass(
+        api: GuardedEmulator, client: KubeClient, runs: Runs, client_cert_server: ThrowawayPostgres,
+        certificates: Certificates, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, admin = await tls_world(client, runs, client_cert_server,
+                               tls_secrets(certificates.ca, certificates.client))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
+
+    await full_pass(client, NS, NAME, now=T0, memory=PassMemory(), outcome_recording=True)
+
+    (event,) = not_recorded(api)
+    assert "cannot write the TLS files for libpq: No such file or directory" in event["message"]
+    assert lease_and_runs(admin)[1][0][1] == "running"

@@ -160,16 +160,22 @@ def tls_parameters(tls: TlsMaterial | None) -> Iterator[dict[str, str]]:
     if tls is None:
         yield {}
         return
-    folder = Path(tempfile.mkdtemp(prefix="guardedcron-tls-"))  # mkdtemp: mode 0700
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="guardedcron-tls-"))  # mkdtemp: mode 0700
+    except OSError as error:
+        raise NotRecorded(f"cannot write the TLS files for libpq: {error.strerror or error}") from None
     try:
         parameters = {}
-        if tls.ca is not None:
-            parameters["sslrootcert"] = _private_file(folder / "ca.crt", tls.ca)
-        if tls.client_cert_and_key is not None:
-            cert, key = tls.client_cert_and_key
-            parameters["sslcert"] = _private_file(folder / "tls.crt", cert)
-            # libpq refuses a key that its group or others may read.
-            parameters["sslkey"] = _private_file(folder / "tls.key", key)
+        try:
+            if tls.ca is not None:
+                parameters["sslrootcert"] = _private_file(folder / "ca.crt", tls.ca)
+            if tls.client_cert_and_key is not None:
+                cert, key = tls.client_cert_and_key
+                parameters["sslcert"] = _private_file(folder / "tls.crt", cert)
+                # libpq refuses a key that its group or others may read.
+                parameters["sslkey"] = _private_file(folder / "tls.key", key)
+        except OSError as error:
+            raise NotRecorded(f"cannot write the TLS files for libpq: {error.strerror or error}") from None
         yield parameters
     finally:
         shutil.rmtree(folder, ignore_errors=True)
