@@ -23,7 +23,6 @@ this runs offline once the set-up step has filled it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import shutil
@@ -41,7 +40,7 @@ import yaml
 from guardedcron_devenv.binaries import BuildError, Progress
 from guardedcron_devenv.docker_engine import EngineError, ensure_engine
 from guardedcron_devenv.image import IMAGE_REPOSITORY, VENV_DIR, ensure_image
-from guardedcron_devenv.tools import ToolInstallError, ensure_helm
+from guardedcron_devenv.tools import ToolInstallError, ensure_helm, file_sha256
 from guardedcron_devenv.wheelhouse import ensure_wheelhouse
 
 CHART_PATH: Final = Path("charts/guardedcron")
@@ -172,11 +171,7 @@ def build_image(version: str, tree: Path, dist: Path, scratch: Path, progress: P
 def write_checksums(dist: Path) -> Path:
     lines = []
     for artifact in sorted(p for p in dist.iterdir() if p.name != CHECKSUMS_FILE):
-        digest = hashlib.sha256()
-        with artifact.open("rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
-        lines.append(f"{digest.hexdigest()}  {artifact.name}\n")
+        lines.append(f"{file_sha256(artifact)}  {artifact.name}\n")
     checksums = dist / CHECKSUMS_FILE
     checksums.write_text("".join(lines))
     return checksums

