@@ -11,8 +11,7 @@ from typing import Any
 import kmock
 import pytest
 
-from guardedcron import contract
-from guardedcron.handlers import scheduling
+from guardedcron import contract, planner
 from guardedcron.kube import KubeClient
 from tests.operator.passes import create_gcj, eventually, start_kopf
 from tests.support.clock import FakeClock
@@ -36,7 +35,7 @@ def ready(api: GuardedEmulator) -> bool:
 async def test_a_missed_slot_is_made_up_with_no_event_to_wake_the_operator(
         api: GuardedEmulator, client: KubeClient, kubeconfig: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduling, "TIMER_SECONDS", 0.5)
+    monkeypatch.setattr(planner, "TIMER_SECONDS", 0.5)
     body = put(put(base_gcj(), "spec.schedule", "*/10 * * * *"), "spec.timeZone", "UTC")
     await create_gcj(client, put(body, "spec.catchUp", {"policy": "Latest", "windowSeconds": 3600}))
     clock = FakeClock(datetime.now(UTC))

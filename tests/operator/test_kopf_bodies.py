@@ -23,9 +23,9 @@ from kopf._cogs.clients import watching
 from kopf._cogs.structs import bodies
 from kopf._core.reactor import processing
 
-from guardedcron import contract
+from guardedcron import contract, planner
 from guardedcron.cli.operator_memory import Trim, trim_once
-from guardedcron.handlers import kopf_startup, scheduling
+from guardedcron.handlers import kopf_startup
 from guardedcron.kube import KubeClient
 from tests.operator.passes import create_gcj, eventually, start_kopf
 from tests.support.clock import FakeClock
@@ -69,7 +69,7 @@ async def test_kopf_keeps_bodies_only_for_objects_with_a_running_timer(
                          (processing, "process_spawning_cause")):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored afterwards
     kopf_startup.install()
-    monkeypatch.setattr(scheduling, "TIMER_SECONDS", 0.5)
+    monkeypatch.setattr(planner, "TIMER_SECONDS", 0.5)
     plain = put(base_gcj(), "spec.schedule", "*/10 * * * *")
     for name in PLAIN:
         await create_gcj(client, put(plain, "metadata.name", name))

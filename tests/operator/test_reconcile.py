@@ -16,7 +16,7 @@ from guardedcron import contract
 from guardedcron.builders import build_cronjob
 from guardedcron.handlers.context import PassMemory
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient
-from guardedcron.kube.ssa import first_difference
+from guardedcron.planner.ssa import first_difference
 from guardedcron.spec import parse_guarded_cronjob
 from tests.operator.passes import SETTINGS, create_gcj, one_pass
 from tests.support.clock import T0, FakeClock

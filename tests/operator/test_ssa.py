@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from guardedcron.kube.ssa import apply_needed
+from guardedcron.planner.ssa import apply_needed
 
 MANAGER = "guardedcron-operator"
 

@@ -18,7 +18,7 @@ from guardedcron.builders import build_cronjob
 from guardedcron.builders.manual import build_slot_job
 from guardedcron.cli.guard_commands import claimed_slot_of, run_context_of
 from guardedcron.guard.errors import BadInput
-from guardedcron.handlers.scheduling import wants_timer
+from guardedcron.planner import wants_timer
 from guardedcron.schedule import Schedule
 from guardedcron.schedule.dst import (
     SKIPPED_SLOT_BASE,

@@ -87,7 +87,6 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
     """Run kopf with guardedcron's handlers until stopped (SIGTERM, or `stop_flag`)."""
     import kopf
 
-    from guardedcron import arenas
     from guardedcron.cli.operator_memory import (
         allocator_trim,
         log_allocator,
@@ -105,8 +104,7 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
               if settings.metrics_port else None)
     kopf_startup.install()  # before kopf builds its toggle sets: a start-up linear in objects
     trim = allocator_trim()  # give the start-up peak back to the system (operator_memory)
-    # Records kept per object on pages of their own, apart from the start-up's flood.
-    log_allocator(trim, os.environ, kept_arena=arenas.enable())
+    log_allocator(trim, os.environ)
     trimming = asyncio.create_task(trim_periodically(trim))
     try:
         with own_full_collections():  # the trims' collections are the only full ones

@@ -4,17 +4,15 @@ The operator's memory peaks when it starts over all its objects (kopf's worker f
 listed object holds that object's body until every index is filled), then falls. What
 stays is mostly free memory the allocator cannot give back: the long-lived per-object
 records made during the peak are scattered through the pages the peak used, and a page
-with one live record stays resident (docs/benchmarks.md, "memory, fourth round": 113 MiB
-live of 527 resident under glibc after a restart over 10,000 GuardedCronJobs). Under
+with one live record stays resident (113 MiB live of 527 resident under glibc after a
+restart over 10,000 GuardedCronJobs). Under
 CPython's own small-object allocator it is worse: a pymalloc arena goes back only once
 every block in it is free. So the operator's container runs Python on `malloc`
 (`ALLOCATOR_ENV`; the chart's Deployment sets it, since the dynamic loader and Python read
 it only as the process starts) and that `malloc` is jemalloc, preloaded from the image:
 it keeps each size class on pages of its own, so pages of short-lived objects empty
 whole and go back, and its background thread returns them over the ten seconds after
-they were freed (`JEMALLOC_CONF`); under jemalloc the operator also makes those
-long-lived records in an arena of their own (guardedcron.arenas), so the peak's pages
-hold none of them. Without the library (a developer's machine) the loader says so on
+they were freed (`JEMALLOC_CONF`). Without the library (a developer's machine) the loader says so on
 stderr and glibc's malloc serves (`GLIBC_ENV`: at most two arenas, otherwise up to one
 per thread and core, each keeping its own free memory).
 
@@ -113,16 +111,13 @@ def allocator_trim() -> Trim | None:
     return Trim("glibc", lambda: trim(0))
 
 
-def log_allocator(trim: Trim | None, environ: Mapping[str, str], kept_arena: int | None = None) -> None:
-    """Say which allocator serves the operator, and the arena of what it keeps per object
-    (guardedcron.arenas) if it has one; warn when jemalloc was asked for and did not load
-    (the loader's own message went to stderr before any logging was set up)."""
+def log_allocator(trim: Trim | None, environ: Mapping[str, str]) -> None:
+    """Say which allocator serves the operator; warn when jemalloc was asked for and did
+    not load (the loader's own message went to stderr before any logging was set up)."""
     allocator = f"{trim.allocator}'s allocator" if trim is not None else "an allocator it cannot trim"
     if "jemalloc" in environ.get("LD_PRELOAD", "") and (trim is None or trim.allocator != "jemalloc"):
         logger.warning("memory: LD_PRELOAD names jemalloc but it did not load; %s serves instead"
                        " and keeps more of the start-up peak resident", allocator)
-    elif kept_arena is not None:
-        logger.info("memory: %s, what is kept per object in arena %d", allocator, kept_arena)
     else:
         logger.info("memory: %s", allocator)
 

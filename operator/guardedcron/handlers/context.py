@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from guardedcron import arenas
 from guardedcron.handlers.observe import Packed
 from guardedcron.kube import KubeClient
 from guardedcron.kube.client import CONNECTIONS
@@ -39,9 +37,7 @@ class _Remembered:
     """What PassMemory keeps of one GuardedCronJob."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # When the latest pass read the indexes (`time.monotonic()`; -1: none yet), written in
-    # place: recording it allocates nothing, so nothing of it is made outside the kept arena.
-    started: array[float] = field(default_factory=lambda: array("d", [-1.0]))
+    started: float | None = None  # when the latest pass read the indexes (`time.monotonic()`)
     first_pass: bool = True  # the pass running now (or the latest) is its first here
     # Packed: a parsed status costs a few KiB per object for as long as the process runs.
     written: Packed | None = None
@@ -56,9 +52,6 @@ class PassMemory:
     arrive in any order, and the status in a watched object lags the operator's own
     write by one event. Comparing a new status against the one written last, instead
     of the one seen, keeps a second pass from writing the same status again.
-
-    What it keeps lives as long as the object, so it is made in the kept arena
-    (guardedcron.arenas).
     """
 
     def __init__(self) -> None:
@@ -67,8 +60,7 @@ class PassMemory:
     def _of(self, uid: str) -> _Remembered:
         remembered = self._objects.get(uid)
         if remembered is None:
-            with arenas.kept():
-                remembered = self._objects[uid] = _Remembered()
+            remembered = self._objects[uid] = _Remembered()
         return remembered
 
     def lock(self, uid: str) -> asyncio.Lock:
@@ -77,8 +69,8 @@ class PassMemory:
     def pass_starting(self, uid: str) -> None:
         """A pass is about to read the indexes (under the lock)."""
         remembered = self._of(uid)
-        remembered.first_pass = remembered.started[0] < 0
-        remembered.started[0] = time.monotonic()
+        remembered.first_pass = remembered.started is None
+        remembered.started = time.monotonic()
 
     def is_first_pass(self, uid: str) -> bool:
         """Whether the pass running now is the object's first in this process."""
@@ -88,16 +80,14 @@ class PassMemory:
     def last_pass_started(self, uid: str) -> float | None:
         """When the latest pass in this process read the indexes (`time.monotonic()`)."""
         remembered = self._objects.get(uid)
-        return remembered.started[0] if remembered is not None and remembered.started[0] >= 0 else None
+        return remembered.started if remembered is not None else None
 
     def written_status(self, uid: str) -> Mapping[str, Any] | None:
         remembered = self._objects.get(uid)
         return remembered.written.unpack() if remembered is not None and remembered.written else None
 
     def remember_status(self, uid: str, status: Mapping[str, Any]) -> None:
-        remembered = self._of(uid)
-        with arenas.kept():
-            remembered.written = Packed.of(status)
+        self._of(uid).written = Packed.of(status)
 
     def first_time(self, uid: str, action: str) -> bool:
         """True once per (uid, action) in this process: an action a pass must not repeat
@@ -105,11 +95,15 @@ class PassMemory:
         remembered = self._of(uid)
         if remembered.done is not None and action in remembered.done:
             return False
-        with arenas.kept():
-            if remembered.done is None:
-                remembered.done = set()
-            remembered.done.add(action)
+        if remembered.done is None:
+            remembered.done = set()
+        remembered.done.add(action)
         return True
+
+    def taken(self, uid: str) -> frozenset[str]:
+        """The actions `first_time` has seen for `uid`."""
+        remembered = self._objects.get(uid)
+        return frozenset(remembered.done or ()) if remembered is not None else frozenset()
 
     def forget_action(self, uid: str, action: str) -> None:
         """Let an action that failed for a passing reason be tried again."""

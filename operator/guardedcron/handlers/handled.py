@@ -16,8 +16,7 @@ object in memory instead, and answers kopf's question as the annotation did:
   writes nothing when the object is up to date), as it was with the annotation;
 - an unknown object without a status: nothing (a creation: a pass).
 
-The digests live as long as the objects (`forget` on deletion), in the kept arena
-(guardedcron.arenas). A restart starts empty.
+The digests live as long as the objects (`forget` on deletion). A restart starts empty.
 
 kopf's retry counts stay in annotations (`ProgressAnnotations`), written only while a
 handler retries, without kopf's `<prefix>/kopf-managed` marker: the marker tells other
@@ -35,7 +34,7 @@ from typing import Any, cast
 
 import kopf
 
-from guardedcron import arenas, contract
+from guardedcron import contract
 
 DIGEST_BYTES = 16
 # What kopf's essence drops (of metadata it keeps the labels and annotations).
@@ -91,8 +90,7 @@ class HandledEssences(kopf.DiffBaseStorage):
         self._keep(body.metadata.uid or "", self.digest(self.build(body=body)))
 
     def _keep(self, uid: str, digest: bytes) -> None:
-        with arenas.kept():
-            self._digests[uid] = arenas.fresh_bytes(digest)
+        self._digests[uid] = digest
 
     def forget(self, body: Mapping[str, Any]) -> None:
         self._digests.pop((body.get("metadata") or {}).get("uid") or "", None)

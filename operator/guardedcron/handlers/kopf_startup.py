@@ -33,26 +33,17 @@ exists: 8.0 MB at 1,000 GuardedCronJobs after a restart (docs/benchmarks.md,
 `install()` makes kopf drop it after each event for an object with no timer or daemon
 running (`forget_idle_bodies`); kopf sets it again from the next event, before it
 decides whether to start one.
-
-kopf makes those per-object records while the start-up's flood of short-lived objects
-is made around them, and each then pins the page it landed on. `install()` makes kopf
-build an object's memory (`keeping_new_memories`) and its index entries
-(`keeping_index_entries`) in the kept arena (guardedcron.arenas), so they pack on pages
-of their own; the object's uid, name and namespace are copied there first, since they
-become the keys of those records and of the handlers' own.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import watching
-from kopf._core.engines import indexing
 from kopf._core.reactor import inventory, processing
 
-from guardedcron import arenas
 from guardedcron.handlers.observe import own_apply_entries
 
 
@@ -167,86 +158,11 @@ def forget_idle_bodies(process_spawning_cause: _ProcessSpawningCause) -> _Proces
     return forgetting
 
 
-_Memories = inventory.ResourceMemories
-_Memory = inventory.ResourceMemory
-_Recall = Callable[..., Coroutine[Any, Any, _Memory]]
-IDENTITY = ("uid", "name", "namespace")  # metadata strings that become keys of kept records
-
-
-def keeping_new_memories(recall: _Recall) -> _Recall:
-    """kopf's `ResourceMemories.recall`, which makes an object's memory the first time it
-    sees the object: that time, in the kept arena, with the object's identity strings
-    copied there first (the memory is keyed by the uid; the indexes and the handlers'
-    records by the names)."""
-    if getattr(recall, "_guardedcron_keeps", False):
-        return recall
-
-    async def keeping(self: _Memories, raw_body: Any, **kwargs: Any) -> _Memory:
-        if self._build_key(raw_body) in self._items:
-            return await recall(self, raw_body, **kwargs)
-        return await arenas.kept_until_suspended(first_recall(self, raw_body, **kwargs))
-
-    async def first_recall(self: _Memories, raw_body: Any, **kwargs: Any) -> _Memory:
-        copy_identity(raw_body)
-        return await recall(self, raw_body, **kwargs)
-
-    keeping._guardedcron_keeps = True  # type: ignore[attr-defined]
-    return keeping
-
-
-def copy_identity(raw_body: Any) -> None:
-    """Replace, in place, an object's identity strings by copies made now."""
-    metadata = raw_body.get("metadata") if isinstance(raw_body, dict) else None
-    if isinstance(metadata, dict):
-        for field in IDENTITY:
-            if isinstance(metadata.get(field), str):
-                metadata[field] = arenas.fresh(metadata[field])
-
-
-_IndexResource = Callable[..., Coroutine[Any, Any, None]]
-
-
-def keeping_index_entries(index_resource: _IndexResource) -> _IndexResource:
-    """kopf's indexing of one event (the handlers' index functions and kopf's stores for
-    their results), in the kept arena: the entries live until the object's next event."""
-    if getattr(index_resource, "_guardedcron_keeps", False):
-        return index_resource
-
-    async def keeping(**kwargs: Any) -> None:
-        await arenas.kept_until_suspended(index_resource(**kwargs))
-
-    keeping._guardedcron_keeps = True  # type: ignore[attr-defined]
-    return keeping
-
-
-_MakeKey = Callable[[indexing.OperatorIndexers, Any], Any]
-
-
-def fresh_index_keys(make_key: _MakeKey) -> _MakeKey:
-    """kopf's key of an object in its index stores, a tuple: made anew each time
-    (arenas.fresh_tuple), so that the one a store keeps, made in the kept arena, is not a
-    tuple from CPython's free list, made anywhere, amid the start's flood."""
-    if getattr(make_key, "_guardedcron_fresh", False):
-        return make_key
-
-    def fresh_key(self: indexing.OperatorIndexers, body: Any) -> Any:
-        return arenas.fresh_tuple(make_key(self, body))
-
-    fresh_key._guardedcron_fresh = True  # type: ignore[attr-defined]
-    return fresh_key
-
-
 def install() -> None:
     """Make kopf build its toggle sets (index pre-population, pausing) from
-    CountingToggleSet, slim every object its watches deliver, keep no body for an
-    object with no timer running, and make each object's memory and index entries in
-    the kept arena. Idempotent; call before `kopf.operator()`."""
+    CountingToggleSet, slim every object its watches deliver, and keep no body for an
+    object with no timer running. Idempotent; call before `kopf.operator()`."""
     aiotoggles.ToggleSet = CountingToggleSet  # type: ignore[misc]
     watching.continuous_watch = slimmed(watching.continuous_watch)
     processing.process_spawning_cause = forget_idle_bodies(  # type: ignore[assignment]
         processing.process_spawning_cause)
-    inventory.ResourceMemories.recall = keeping_new_memories(  # type: ignore[method-assign]
-        inventory.ResourceMemories.recall)
-    indexing.index_resource = keeping_index_entries(indexing.index_resource)
-    indexing.OperatorIndexers.make_key = fresh_index_keys(  # type: ignore[method-assign,assignment]
-        indexing.OperatorIndexers.make_key)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import kopf
 
-from guardedcron import arenas, contract
+from guardedcron import contract
+from guardedcron.planner import Observed
 
 Key = tuple[str, str]  # (namespace, GuardedCronJob name)
 Body = Mapping[str, Any]
@@ -46,16 +47,6 @@ class Packed:
 
 
 Index = kopf.Index[Key, Packed]
-
-
-@dataclass(frozen=True)
-class Observed:
-    """Everything one pass decides from."""
-
-    gcj: Body
-    cronjob: Body | None  # None: it does not exist
-    jobs: Sequence[Body] = ()
-    pods_by_job: Mapping[str, Sequence[Body]] = field(default_factory=dict)
 
 
 def trimmed(body: Mapping[str, Any], *, keep_spec: bool = True,
@@ -100,24 +91,18 @@ def owner_key(body: Mapping[str, Any]) -> Key | None:
 
 
 def index_by_name(body: Body) -> dict[Key, Packed]:
-    return {_stored(gcj_key(body)): Packed.of(trimmed(body))}
+    return {gcj_key(body): Packed.of(trimmed(body))}
 
 
 def index_job(body: Body) -> dict[Key, Packed]:
     key = owner_key(body)
     # The pod template is the CronJob's, already known; runs are told apart by status.
-    return {_stored(key): Packed.of(trimmed(body, drop_spec_keys=("template",)))} if key is not None else {}
+    return {key: Packed.of(trimmed(body, drop_spec_keys=("template",)))} if key is not None else {}
 
 
 def index_pod(body: Body) -> dict[Key, Packed]:
     key = owner_key(body)
-    return {_stored(key): Packed.of(trimmed(body, keep_spec=False))} if key is not None else {}
-
-
-def _stored(key: Key) -> Key:
-    """A key as an index keeps it, for as long as its object lives: made anew (kopf indexes
-    in the kept arena), not a tuple from CPython's free list (arenas.fresh_tuple)."""
-    return cast(Key, arenas.fresh_tuple(key))
+    return {key: Packed.of(trimmed(body, keep_spec=False))} if key is not None else {}
 
 
 def lookup(index: Index, key: Key) -> Body | None:

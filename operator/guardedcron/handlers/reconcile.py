@@ -1,40 +1,30 @@
-"""The reconcile pass and the plain functions kopf's handlers call (no decorators here).
+"""The executor of the reconcile pass, and the plain functions kopf's handlers call (no
+decorators here).
 
-One pass for one GuardedCronJob: parse the spec; if valid, build the desired CronJob
-and server-side apply it only when the live one differs in what guardedcron sets;
-compute the whole status once and write it only when it changed; then act on what
-compute_status decided follows from it (metrics, outcome recording, pods to stop,
-skipped runs' Jobs to remove, Events). Every pass, from any trigger, goes through
-`reconcile`, so a resync over up-to-date objects writes nothing, whatever woke it.
+A pass is planned by `guardedcron.planner.plan_pass` (pure); `execute` performs each
+action it yields against the API server, the operator's memory, the metrics or the
+database, and sends back the result, until the plan returns. Every pass, from any
+trigger, goes through `reconcile`, so a resync over up-to-date objects writes nothing,
+whatever woke it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from functools import partial
 from typing import Any
 
 import kopf
 
-from guardedcron import arenas, contract
-from guardedcron.builders import build_cronjob
+from guardedcron import contract
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.handled import HandledEssences, ProgressAnnotations
-from guardedcron.handlers.lease_loss import stop_lost_workloads
-from guardedcron.handlers.locks import (
-    delete_if_lock_forbidden,
-    lock_change_event,
-    lock_refusal,
-    refusal_event,
-)
 from guardedcron.handlers.observe import (
     Body,
     Index,
     Key,
-    Observed,
     gcj_key,
     lookup,
     newest_indexed_at,
@@ -43,9 +33,6 @@ from guardedcron.handlers.observe import (
     trimmed,
 )
 from guardedcron.handlers.outcomes import record_outcomes
-from guardedcron.handlers.scheduling import act_on_slots, suspension_for
-from guardedcron.handlers.skipped_jobs import remove_skipped_jobs
-from guardedcron.handlers.trigger import act_on_trigger
 from guardedcron.kube import (
     CRONJOBS,
     EVENTS,
@@ -58,175 +45,136 @@ from guardedcron.kube import (
     KubeError,
     NotFound,
     Resource,
-    apply_needed,
 )
 from guardedcron.kube.credentials import discover_credentials
-from guardedcron.objects import controlled_by, get_path, uid_of
+from guardedcron.objects import controlled_by, uid_of
 from guardedcron.observability.events import build_event
 from guardedcron.observability.metrics import forget as forget_metrics
 from guardedcron.observability.metrics import reconcile_timer, record_changes, record_suspension
-from guardedcron.spec import ParsedSpec, Problem, SpecError, parse_guarded_cronjob
-from guardedcron.status import EventReason, RunEvent, RunRecord, SchedulingStatus, compute_status, merge_runs
-from guardedcron.status.history import known_records, newest_first
-from guardedcron.status.suspension import SuspensionDecision
+from guardedcron.planner import Observed, PassResult, PassView, Plan, plan_pass
+from guardedcron.planner.actions import (
+    Action,
+    ApplyCronJob,
+    CountMakeUpRun,
+    CreateJob,
+    DeleteCronJob,
+    DeleteJob,
+    DeletePod,
+    Done,
+    FetchedRuns,
+    FetchRuns,
+    Forget,
+    Log,
+    PatchStatus,
+    PostEvents,
+    RecordChanges,
+    RecordOutcomes,
+    RecordSuspension,
+    Refused,
+    Remember,
+    Result,
+)
+from guardedcron.status import EventReason, RunEvent
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 # A CronJob in the way is retried at this pace until it is deleted or renamed.
 NOT_OWNED_RETRY_SECONDS = 60
 # kopf's first listing of each watched resource, in pages of this many objects (client-go's
-# informers page the same way): one answer of 10,000 objects held its bytes, its text and
-# its parsed objects at once, 4 % of a restart's memory peak at that size (docs/benchmarks.md,
-# "memory, seventh round"), and was one long request for the API server.
+# informers page the same way): one answer of 10,000 objects is one long request for the
+# API server, held in memory whole.
 LIST_CHUNK_SIZE = 500
-
-
-@dataclass(frozen=True)
-class PassResult:
-    applied: bool  # the CronJob was server-side applied
-    status_written: bool
-    apply_error: str | None  # why the CronJob is not as desired, if it cannot be
-    not_owned: bool = False  # a CronJob of the same name belongs to someone else
 
 
 async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
                     logger: Logger) -> PassResult:
-    """One pass over one GuardedCronJob: at most one apply, a manual Job if the trigger
-    annotation asks for one, at most one status patch, then the Events for the run
-    transitions that status records; then, for `onLost: StopWorkload`, the deletion of
-    pods whose lease was lost (if the settings allow the operator to); the removal of
-    skipped runs' Jobs that status records; with outcome recording on, the outcomes of
-    runs that just finished go to the database.
+    """One pass over one GuardedCronJob: its plan, executed. `logger` is kopf's, for this
+    object; kopf posts none of its records as Events: what people must see in `kubectl
+    describe` is posted by the plan, each with its own reason."""
+    memory, uid = context.memory, uid_of(observed.gcj)
+    view = PassView(observed=observed, settings=context.settings, now=now,
+                    written_status=memory.written_status(uid), first_pass=memory.is_first_pass(uid),
+                    done=memory.taken(uid))
+    return await execute(plan_pass(view), observed.gcj, context, now, logger)
 
-    `logger` is kopf's, for this object; kopf posts none of its records as Events: what
-    people must see in `kubectl describe` is posted here, each with its own reason."""
-    client, memory, settings = context.client, context.memory, context.settings
-    gcj = observed.gcj
-    namespace, name = gcj_key(gcj)
-    uid = uid_of(gcj)
-    parsed: ParsedSpec | None
-    problems: tuple[Problem, ...] = ()
-    trouble: RunEvent | None = None  # what the pass cannot do: a warning and an Event
-    lock_events: list[RunEvent] = []
+
+async def execute(plan: Plan, gcj: Body, context: OperatorContext, now: datetime,
+                  logger: Logger) -> PassResult:
+    """Perform each action of `plan` in order and send it the result. An exception the
+    plan raises (a request to retry) leaves the pass as kopf's handlers do: kopf retries."""
+    answer: Any = None
     try:
-        parsed = parse_guarded_cronjob(gcj)
-    except SpecError as error:
-        parsed, problems = None, error.problems
-        # The CronJob (if any) keeps its last valid configuration: still guarded
-        # (unless its lock is not the namespace's to use: below).
-        trouble = _trouble(gcj, EventReason.SPEC_INVALID,
-                           f"Spec is invalid; the CronJob is left as it is: {error}")
-    else:
-        refused = lock_refusal(parsed, settings)
-        if refused is not None:  # a shared lock the allow-list does not grant: no CronJob
-            parsed, problems = None, (refused,)
-            lock_events += refusal_event(refused, uid=uid, memory=memory)
-
-    cronjob = observed.cronjob
-    # A valid spec's lock is always the namespace's to use, and the apply below puts it in.
-    if parsed is None and cronjob is not None and controlled_by(cronjob, uid):
-        deleted, events = await delete_if_lock_forbidden(
-            cronjob, namespace=namespace, settings=settings, client=client, logger=logger)
-        lock_events += events
-        if deleted:
-            cronjob = None
-    applied = not_owned = False
-    apply_error: str | None = None
-    previous = memory.written_status(uid) or gcj.get("status") or {}
-    # The runs as the previous status and the live Jobs tell them: whether failures
-    # suspend the CronJob is decided before it is applied (compute_status reads them again).
-    remembered = known_records(previous)
-    observed = await with_jobs_the_index_lacks(observed, remembered, client)
-    runs = newest_first(merge_runs(remembered, observed.jobs, observed.pods_by_job, now))
-    suspension = (suspension_for(gcj, parsed, runs, previous, now) if parsed is not None
-                  else SuspensionDecision(suspended=False, status=None))
-    if parsed is not None:
-        desired = build_cronjob(parsed, settings.build, suspended_for_failures=suspension.suspended)
-        if cronjob is not None and not controlled_by(cronjob, uid):
-            not_owned = True
-            apply_error = (f"CronJob {name} already exists and is not controlled by this "
-                           "GuardedCronJob; delete or rename it (guardedcron never takes over "
-                           "an object it did not create)")
-            trouble = _trouble(gcj, EventReason.CRONJOB_NOT_OWNED, apply_error)
-        elif (reason := apply_needed(desired, cronjob, contract.FIELD_MANAGER)) is not None:
-            if cronjob is not None:
-                lock_events += lock_change_event(cronjob, parsed)
-            try:
-                cronjob = await client.apply(CRONJOBS, desired)
-            except ApiError as error:
-                if error.namespace_terminating:
-                    logger.debug(f"Not applying CronJob {name}: its namespace is being deleted.")
-                    return PassResult(applied=False, status_written=False, apply_error=None,
-                                      not_owned=False)
-                if not error.permanent:
-                    raise  # kopf retries with backoff
-                apply_error = error.message
-                trouble = _trouble(gcj, EventReason.CRONJOB_REJECTED,
-                                   f"The API server refused CronJob {name}: {error}")
-            else:
-                applied = True
-                logger.info(f"Applied CronJob {name}: {reason}.")
-
-    trigger = await act_on_trigger(gcj, None if not_owned else cronjob, previous, client=client,
-                                   memory=memory, logger=logger)
-    scheduling: SchedulingStatus | None = None  # None: an invalid spec keeps what status says
-    slot_events: list[RunEvent] = []
-    if parsed is not None:
-        slots = await act_on_slots(gcj, parsed, None if not_owned else cronjob, runs=runs,
-                                   previous=previous, suspension=suspension, now=now,
-                                   client=client, memory=memory, logger=logger)
-        scheduling, slot_events = slots.status, slots.events
-        # A GuardedCronJob's metric series live as long as it does (arenas): these are
-        # made by a make-up run, or by the first pass when the field is set.
-        makes_series = slots.started is not None or (
-            memory.is_first_pass(uid) and parsed.spec.suspend_after_failures is not None)
-        with arenas.kept(makes_series):
-            if slots.started is not None:
-                context.metrics.make_up_runs.labels(namespace, name, slots.started).inc()
-            record_suspension(context.metrics, namespace=namespace, name=name,
-                              suspended=None if parsed.spec.suspend_after_failures is None
-                              else suspension.suspended)
-    change = compute_status(
-        gcj=gcj, parsed=parsed, spec_problems=problems, cronjob=cronjob, jobs=observed.jobs,
-        pods_by_job=observed.pods_by_job, previous_status=previous, now=now,
-        apply_error=apply_error, handled_trigger=trigger.handled, scheduling=scheduling,
-        remembered=remembered, no_success_slots=settings.no_success_slots)
-    if trouble is not None:
-        # Once per change, not once per pass: a resync over an object that is still
-        # invalid must write nothing (its Event goes with the status write, below).
-        logger.log(logging.WARNING if change.changed else logging.DEBUG, trouble.message)
-    if change.changed:
-        await client.patch_status(GUARDED_CRONJOBS, namespace, name, change.patch())
-        memory.remember_status(uid, change.status)
-    # After the write: a pass whose write failed counts nothing (kopf retries it, and the
-    # retry sees the same transitions). An unchanged status has none, only gauges. Most
-    # of an object's series are made by its first pass: that one is kept (arenas).
-    with arenas.kept(memory.is_first_pass(uid)):
-        record_changes(context.metrics, namespace=namespace, name=name, changes=change.metrics)
-    said = [trouble] if trouble is not None and change.changed else []
-    events = [*lock_events, *said, *change.events, *trigger.events, *slot_events]
-    if settings.outcome_recording:
-        # Once per run: when its record turns final, which happens in one written status.
-        events += await record_outcomes(parsed, change.outcomes, namespace=namespace, client=client,
-                                        logger=logger)
-    # After the status write, so a stopped pod's run already shows as Lost; on every
-    # pass, not only changed ones, since a pod to stop may outlive the write.
-    events += await stop_lost_workloads(change.stop, namespace=namespace, uid=uid, client=client,
-                                        memory=memory, allowed=settings.stop_workload, logger=logger)
-    # After the status write too: a skip's Job goes only once status keeps its record.
-    events += await remove_skipped_jobs(change.remove, namespace=namespace, uid=uid, client=client,
-                                        memory=memory, logger=logger)
-    for event in events:
-        await post_event(client, build_event(gcj, event, now), logger)
-    return PassResult(applied=applied, status_written=change.changed, apply_error=apply_error,
-                      not_owned=not_owned)
+        while True:
+            answer = await _perform(plan.send(answer), gcj, context, now, logger)
+    except StopIteration as finished:
+        result: PassResult = finished.value
+        return result
 
 
-def _trouble(gcj: Body, reason: EventReason, message: str) -> RunEvent:
-    """The Event for what a pass cannot do; one per generation and message (a fix that
-    is undone again is a new generation, so it is said again)."""
-    generation = (gcj.get("metadata") or {}).get("generation")
-    return RunEvent(reason, message, subject=f"{generation}\n{message}")
+async def _perform(action: Action, gcj: Body, context: OperatorContext, now: datetime,
+                   logger: Logger) -> Any:
+    client, memory, metrics = context.client, context.memory, context.metrics
+    match action:
+        case ApplyCronJob(body=body):
+            return await _answer(client.apply(CRONJOBS, body))
+        case DeleteCronJob(namespace=namespace, name=name, uid=uid):
+            return await _answer(client.delete(CRONJOBS, namespace, name, uid=uid))
+        case CreateJob(namespace=namespace, body=body):
+            return await _answer(client.create(JOBS, namespace, body))
+        case DeletePod(namespace=namespace, name=name, uid=uid):
+            return await _answer(client.delete(PODS, namespace, name, uid=uid))
+        case DeleteJob(namespace=namespace, name=name, uid=uid):
+            return await _answer(client.delete(JOBS, namespace, name, uid=uid))
+        case FetchRuns():
+            return await _fetch_runs(client, action)
+        case PatchStatus(namespace=namespace, name=name, patch=patch, status=status):
+            await client.patch_status(GUARDED_CRONJOBS, namespace, name, patch)
+            memory.remember_status(uid_of(gcj), status)
+        case Remember(key=key):
+            memory.first_time(uid_of(gcj), key)
+        case Forget(key=key):
+            memory.forget_action(uid_of(gcj), key)
+        case Log(level=level, message=message):
+            logger.log(level, message)
+        case CountMakeUpRun(namespace=namespace, name=name, kind=kind):
+            metrics.make_up_runs.labels(namespace, name, kind).inc()
+        case RecordSuspension(namespace=namespace, name=name, suspended=suspended):
+            record_suspension(metrics, namespace=namespace, name=name, suspended=suspended)
+        case RecordChanges(namespace=namespace, name=name, changes=changes):
+            record_changes(metrics, namespace=namespace, name=name, changes=changes)
+        case RecordOutcomes(namespace=namespace, parsed=parsed, records=records):
+            return await record_outcomes(parsed, records, namespace=namespace, client=client,
+                                         logger=logger)
+        case PostEvents(events=events):
+            for event in events:
+                await post_event(client, build_event(gcj, event, now), logger)
+    return None
+
+
+async def _answer(request: Awaitable[Mapping[str, Any] | None]) -> Result:
+    """A request's result as the plan reads it: the object returned, or the refusal."""
+    try:
+        body = await request
+    except ApiError as error:
+        return Refused(error, error.code, error.message, error.namespace_terminating)
+    except KubeError as error:  # no answer at all
+        return Refused(error, None, str(error))
+    return Done(body)
+
+
+async def _fetch_runs(client: KubeClient, fetch: FetchRuns) -> FetchedRuns:
+    """The Jobs named (those that still exist and belong to the GuardedCronJob) and their pods."""
+    jobs: list[Body] = []
+    pods_by_job: dict[str, list[Body]] = {}
+    for job_name in fetch.job_names:
+        job = await _get_or_none(client, (fetch.namespace, job_name), JOBS)
+        if job is None or owner_key(job) != (fetch.namespace, fetch.owner):
+            continue
+        jobs.append(job)
+        selector = f"{contract.LABEL_JOB_NAME}={job_name}"
+        pods = await client.list(PODS, fetch.namespace, label_selector=selector)
+        pods_by_job[job_name] = [trimmed(pod, keep_spec=False) for pod in pods]
+    return FetchedRuns(jobs, pods_by_job)
 
 
 async def post_event(client: KubeClient, body: Mapping[str, Any], logger: Logger) -> None:
@@ -399,28 +347,6 @@ def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool, handled
     # the namespace-scoped install grants none.
     settings.scanning.disabled = namespaced
     settings.watching.chunk_size = LIST_CHUNK_SIZE
-
-
-async def with_jobs_the_index_lacks(observed: Observed, remembered: Mapping[str, RunRecord],
-                                    client: KubeClient) -> Observed:
-    """`observed`, plus the Jobs (and their pods) of runs status still has open that the
-    index does not hold, read from the API server. A run is closed as deleted only when
-    its Job is gone, and an index can lag: a standby operator that resumes re-lists each
-    resource on its own, so a GuardedCronJob can come back before its Jobs do."""
-    indexed = {get_path(job, "metadata", "name") for job in observed.jobs}
-    missing = [name for name, run in remembered.items() if not run.final and name not in indexed]
-    if not missing:
-        return observed
-    namespace, name = gcj_key(observed.gcj)
-    jobs, pods_by_job = list(observed.jobs), dict(observed.pods_by_job)
-    for job_name in missing:
-        job = await _get_or_none(client, (namespace, job_name), JOBS)
-        if job is None or owner_key(job) != (namespace, name):
-            continue
-        jobs.append(job)
-        pods = await client.list(PODS, namespace, label_selector=f"{contract.LABEL_JOB_NAME}={job_name}")
-        pods_by_job[job_name] = [trimmed(pod, keep_spec=False) for pod in pods]
-    return replace(observed, jobs=jobs, pods_by_job=pods_by_job)
 
 
 async def _get_or_none(client: KubeClient, key: Key, resource: Resource = CRONJOBS) -> Body | None:

@@ -17,8 +17,8 @@ from typing import Any
 
 import kopf
 
-from guardedcron import contract
-from guardedcron.handlers import observe, reconcile, scheduling
+from guardedcron import contract, planner
+from guardedcron.handlers import observe, reconcile
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.handled import HandledEssences
 from guardedcron.handlers.observe import Key, Packed
@@ -75,11 +75,11 @@ def build_registry(context: OperatorContext) -> kopf.OperatorRegistry:
         await reconcile.reconcile_guarded_cronjob(body, context=context, cronjobs=kw["owned_cronjobs"],
                                                   jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)
 
-    # Catch-up and backfill (issue 14) need a pass when nothing else happens: a slot
+    # Catch-up and backfill need a pass when nothing else happens: a slot
     # missed while the CronJob controller was down, or an attempt due for its retry,
     # makes no event. Only GuardedCronJobs that use them get this timer.
-    @kopf.timer(*GCJ, id="past_slots", registry=registry, interval=scheduling.TIMER_SECONDS,
-                initial_delay=scheduling.TIMER_SECONDS, when=scheduling.wants_timer)
+    @kopf.timer(*GCJ, id="past_slots", registry=registry, interval=planner.TIMER_SECONDS,
+                initial_delay=planner.TIMER_SECONDS, when=planner.wants_timer)
     async def past_slots(*, body: kopf.Body, logger: kopf.Logger, **kw: Any) -> None:
         await reconcile.reconcile_guarded_cronjob(body, context=context, cronjobs=kw["owned_cronjobs"],
                                                   jobs=kw["owned_jobs"], pods=kw["owned_pods"], logger=logger)

@@ -4,7 +4,6 @@ from guardedcron.kube.client import KubeClient
 from guardedcron.kube.credentials import discover_credentials
 from guardedcron.kube.errors import ApiError, ApiUnreachable, Conflict, KubeError, NotFound, Unauthorized
 from guardedcron.kube.resources import CRONJOBS, EVENTS, GUARDED_CRONJOBS, JOBS, PODS, SECRETS, Resource
-from guardedcron.kube.ssa import apply_needed
 
 __all__ = [
     "CRONJOBS",
@@ -21,6 +20,5 @@ __all__ = [
     "NotFound",
     "Resource",
     "Unauthorized",
-    "apply_needed",
     "discover_credentials",
 ]

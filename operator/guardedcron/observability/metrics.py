@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from guardedcron import __version__, arenas, contract
+from guardedcron import __version__, contract
 from guardedcron.status import EXPORTED_CONDITIONS, MetricChanges, Outcome
 
 # The `outcome` label of runs_total and run_duration_seconds.
@@ -154,13 +154,7 @@ def record_changes(metrics: Metrics, *, namespace: str, name: str, changes: Metr
 
 
 def _set(gauge: Gauge, value: float, *labels: str) -> None:
-    """Set a series' gauge, left alone if it holds `value` already: most passes set the
-    value the series has, and the float it holds lives as long as the series (made with
-    it in the kept arena, guardedcron.arenas), where each pass's copy would be made among
-    the pass's short-lived objects and outlive them."""
-    series = gauge.labels(*labels)
-    if series._value.get() != value:  # prometheus_client's holder of a gauge's value
-        series.set(arenas.fresh_float(value))
+    gauge.labels(*labels).set(value)
 
 
 def record_suspension(metrics: Metrics, *, namespace: str, name: str, suspended: bool | None) -> None:

@@ -9,8 +9,7 @@ AlreadyExists from the API server, and that counts as done: one run per token.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +21,12 @@ from guardedcron.builders.manual import (
     trigger_job_name,
     trigger_token_problem,
 )
-from guardedcron.handlers.context import PassMemory
-from guardedcron.handlers.observe import Body
-from guardedcron.kube import JOBS, ApiError, Conflict, KubeClient
-from guardedcron.objects import controlled_by, uid_of
+from guardedcron.objects import controlled_by, get_path, uid_of
+from guardedcron.planner.actions import Action, Body, CreateJob, Log, Refused
+from guardedcron.planner.once import Once
 from guardedcron.status import EventReason, RunEvent
 
-Logger = logging.Logger | logging.LoggerAdapter[Any]
+DEBUG, INFO = 10, 20
 
 
 @dataclass(frozen=True)
@@ -46,46 +44,45 @@ def pending_token(gcj: Body, previous_status: Mapping[str, Any]) -> str | None:
     return None if token == previous_status.get("lastTriggerToken") else token
 
 
-async def act_on_trigger(gcj: Body, cronjob: Body | None, previous_status: Mapping[str, Any], *,
-                         client: KubeClient, memory: PassMemory, logger: Logger) -> TriggerResult:
+def plan_trigger(gcj: Body, cronjob: Body | None, previous_status: Mapping[str, Any],
+                 once: Once) -> Generator[Action, Any, TriggerResult]:
     token = pending_token(gcj, previous_status)
     if token is None:
         return TriggerResult()
-    metadata = gcj.get("metadata") or {}
-    uid, namespace = uid_of(gcj), str(metadata.get("namespace") or "")
+    uid, namespace = uid_of(gcj), str(get_path(gcj, "metadata", "namespace") or "")
     if cronjob is None or not controlled_by(cronjob, uid):
         # Nothing to copy yet; the pass that creates (or frees) the CronJob acts on it.
-        logger.debug(f"Trigger {token!r} waits for this GuardedCronJob's CronJob.")
+        yield Log(DEBUG, f"Trigger {token!r} waits for this GuardedCronJob's CronJob.")
         return TriggerResult()
 
-    def refused(why: str) -> TriggerResult:
-        # Tried once per token in this process: every Job or Pod event starts a pass, and
-        # repeating a refused request on each would only repeat the refusal. A new token
-        # (or an operator restart) tries again.
-        if not memory.first_time(uid, f"trigger\n{token}"):
+    def refused(why: str) -> Generator[Action, Any, TriggerResult]:
+        # Tried once per token in this process: a new token (or a restart) tries again.
+        if not (yield from once.first_time(f"trigger\n{token}")):
             return TriggerResult()
         message = f"no manual run for trigger token {token!r}: {why}"
-        logger.info(message)  # the TriggerFailed Event below says it to `kubectl describe`
+        yield Log(INFO, message)  # the TriggerFailed Event says it to `kubectl describe`
         return TriggerResult(events=[RunEvent(EventReason.TRIGGER_FAILED, message, subject=token)])
 
     problem = trigger_token_problem(token)
     if problem is not None:
-        return refused(f"the annotation {contract.ANNOTATION_TRIGGER} {problem}")
-    name = trigger_job_name(str(cronjob["metadata"]["name"]), uid, token)
+        return (yield from refused(f"the annotation {contract.ANNOTATION_TRIGGER} {problem}"))
+    cronjob_name = str(get_path(cronjob, "metadata", "name"))
+    name = trigger_job_name(cronjob_name, uid, token)
     try:
         job = build_manual_job(cronjob, job_name=name, started_by=STARTED_BY_ANNOTATION, token=token)
     except ManualRunError as error:
-        return refused(f"CronJob {cronjob['metadata']['name']} cannot give a guarded run: {error}")
-    try:
-        await client.create(JOBS, namespace, job)
-    except Conflict:
-        logger.info(f"Job {name} for trigger token {token!r} already exists.")
-        return TriggerResult(handled=token)
-    except ApiError as error:
-        if error.namespace_terminating:
+        return (yield from refused(f"CronJob {cronjob_name} cannot give a guarded run: {error}"))
+    result = yield CreateJob(namespace, job)
+    if isinstance(result, Refused):
+        if result.code is None:
+            raise result.error  # no answer: kopf retries the pass
+        if result.code == 409:
+            yield Log(INFO, f"Job {name} for trigger token {token!r} already exists.")
+            return TriggerResult(handled=token)
+        if result.namespace_terminating:
             return TriggerResult()  # the namespace is going away, and its runs with it
-        return refused(f"the API server refused Job {name}: {error}")
-    logger.info(f"Created Job {name} for trigger token {token!r}.")
+        return (yield from refused(f"the API server refused Job {name}: {result.error}"))
+    yield Log(INFO, f"Created Job {name} for trigger token {token!r}.")
     message = f"manual run {name} created for trigger token {token!r}"
     return TriggerResult(handled=token, events=[
         RunEvent(EventReason.MANUAL_RUN_CREATED, message, subject=name)])

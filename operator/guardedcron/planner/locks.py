@@ -3,31 +3,30 @@ refuses a shared lock the cluster admin's allow-list does not grant, and deletes
 CronJob of its own whose runs would take a lock the namespace may not use.
 
 The second case is the security boundary outliving a change: a namespace taken off the
-allow-list, or an object admitted before lease.name was confined to its namespace
-(issue 11), must not keep running with that lock because its CronJob already exists.
-An invalid spec otherwise leaves the CronJob as it was (still guarded); not here. (A
-valid spec's lock is always allowed, and applying it replaces the CronJob's lock, with a
-LockChanged Event when that differs.)
-Deleting the CronJob deletes its Jobs too (background propagation), so a run already
-holding the lock is stopped as well (its pod gets the usual graceful termination).
+allow-list, or an object admitted before lease.name was confined to its namespace,
+must not keep running with that lock because its CronJob already exists. An invalid
+spec otherwise leaves the CronJob as it was (still guarded); not here. (A valid spec's
+lock is always allowed, and applying it replaces the CronJob's lock, with a LockChanged
+Event when that differs.) Deleting the CronJob deletes its Jobs too (background
+propagation), so a run already holding the lock is stopped as well (its pod gets the
+usual graceful termination).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from guardedcron.builders import locks_in_cronjob
-from guardedcron.handlers.context import PassMemory
-from guardedcron.kube import CRONJOBS, ApiError, KubeClient, NotFound
 from guardedcron.objects import get_path, uid_of
+from guardedcron.planner.actions import Action, DeleteCronJob, Log, Refused
+from guardedcron.planner.once import Once
 from guardedcron.spec import ParsedSpec, Problem
 from guardedcron.spec.locks import may_use, shared_lock_refusal
 from guardedcron.spec.settings import SHARED_LOCKS_SETTING, Settings
 from guardedcron.status import EventReason, RunEvent
 
-Logger = logging.Logger | logging.LoggerAdapter[Any]
+INFO = 20
 SHARED_LOCK_FIELD = "spec.lease.sharedLock"
 
 
@@ -41,10 +40,10 @@ def lock_refusal(parsed: ParsedSpec, settings: Settings) -> Problem | None:
     return None if refusal is None else Problem(SHARED_LOCK_FIELD, refusal)
 
 
-def refusal_event(problem: Problem, *, uid: str, memory: PassMemory) -> list[RunEvent]:
+def refusal_event(problem: Problem, once: Once) -> Generator[Action, Any, list[RunEvent]]:
     """One Event per refusal (per operator process; the Event's name is deterministic,
     so a restarted operator's second post is refused as AlreadyExists)."""
-    if not memory.first_time(uid, f"lock-refused\n{problem.message}"):
+    if not (yield from once.first_time(f"lock-refused\n{problem.message}")):
         return []
     return [RunEvent(EventReason.LOCK_NOT_ALLOWED, f"{problem.field_path}: {problem.message}",
                      subject=problem.message)]
@@ -65,9 +64,8 @@ def lock_change_event(cronjob: Mapping[str, Any], parsed: ParsedSpec) -> list[Ru
                      subject=f"{old}\n{new}")]
 
 
-async def delete_if_lock_forbidden(cronjob: Mapping[str, Any], *, namespace: str,
-                                   settings: Settings, client: KubeClient,
-                                   logger: Logger) -> tuple[bool, list[RunEvent]]:
+def delete_if_lock_forbidden(cronjob: Mapping[str, Any], *, namespace: str, settings: Settings,
+                             ) -> Generator[Action, Any, tuple[bool, list[RunEvent]]]:
     """Delete `cronjob` (this GuardedCronJob's own) when one of the locks its runs take
     is not one its namespace may use now. Returns (deleted, Events to post)."""
     forbidden = sorted(lock for lock in locks_in_cronjob(cronjob)
@@ -78,17 +76,16 @@ async def delete_if_lock_forbidden(cronjob: Mapping[str, Any], *, namespace: str
     why = (f"its runs take lock {', '.join(map(repr, forbidden))}, which namespace "
            f"{namespace} may not use: its own locks start with \"{namespace}/\", and shared "
            f"locks need the cluster admin's allow-list, {SHARED_LOCKS_SETTING}")
-    try:
-        await client.delete(CRONJOBS, namespace, name, uid=uid_of(cronjob) or None)
-    except NotFound:
-        return True, []
-    except ApiError as error:
-        if not error.permanent:
-            raise  # kopf retries the pass with backoff
+    result = yield DeleteCronJob(namespace, name, uid_of(cronjob) or None)
+    if isinstance(result, Refused):
+        if result.code == 404:
+            return True, []
+        if not result.permanent:
+            raise result.error  # kopf retries the pass with backoff
         return False, [RunEvent(EventReason.LOCK_NOT_ALLOWED,
-                                f"CronJob {name} must go, {why}; deleting it failed: {error}",
-                                subject=f"{why}\n{error}")]
-    logger.info(f"Deleted CronJob {name}: {why}.")  # the Event below tells people
+                                f"CronJob {name} must go, {why}; deleting it failed: {result.error}",
+                                subject=f"{why}\n{result.error}")]
+    yield Log(INFO, f"Deleted CronJob {name}: {why}.")  # the Event below tells people
     return True, [RunEvent(EventReason.LOCK_NOT_ALLOWED,
                            f"deleted CronJob {name} and its Jobs (a run in progress is "
                            f"stopped): {why}", subject=f"deleted\n{uid_of(cronjob)}")]

@@ -1,9 +1,9 @@
-"""Catch-up, backfill, skipped wall times and suspension after failures, as one pass acts
-on them (issue 14).
+"""Catch-up, backfill, skipped wall times and suspension after failures, as one pass plans
+them.
 
-The decisions are pure (status/catchup.py, backfill.py, skipped.py, suspension.py); here the pass
-reads their inputs from the GuardedCronJob (annotations, status, creation time), starts
-at most one Job for a past slot, and turns what changed into Events. A Job for a slot
+The rules are in status/ (catchup.py, backfill.py, skipped.py, suspension.py); here the
+pass reads their inputs from the GuardedCronJob (annotations, status, creation time),
+starts at most one Job for a past slot, and turns what changed into Events. A Job for a slot
 is named `<cronjob>-<slot>`, so a second attempt (a pass retried after its status write
 failed, a restart, the CronJob controller's own Job for that slot) gets AlreadyExists,
 which counts as started; across clusters the guard's slot claim decides.
@@ -11,18 +11,16 @@ which counts as started; across clusters the guard's slot claim decides.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from guardedcron import contract
 from guardedcron.builders.manual import ManualRunError, build_slot_job
-from guardedcron.handlers.context import PassMemory
-from guardedcron.handlers.observe import Body
-from guardedcron.kube import JOBS, ApiError, Conflict, KubeClient
 from guardedcron.objects import controlled_by, get_path, uid_of
+from guardedcron.planner.actions import Action, Body, CreateJob, Log, Refused
+from guardedcron.planner.once import Once
 from guardedcron.spec import ParsedSpec
 from guardedcron.status import EventReason, RunEvent, RunRecord, SchedulingStatus
 from guardedcron.status import backfill as backfill_status
@@ -32,7 +30,7 @@ from guardedcron.status.skipped import by_skipped_key, plan_skipped_times
 from guardedcron.status.suspension import SuspensionDecision, decide_suspension
 from guardedcron.status.times import epoch_minute, format_time, parse_time
 
-Logger = logging.Logger | logging.LoggerAdapter[Any]
+INFO = 20
 # How often a GuardedCronJob with catch-up, a backfill or skipped times to run gets a pass of its own (kopf
 # timer), besides those its objects' events start: the longest a missed slot or a due
 # retry waits for a pass (docs/design.md, "Bounded waits").
@@ -82,10 +80,10 @@ def suspension_for(gcj: Body, parsed: ParsedSpec, runs: Sequence[RunRecord],
         resume_token=annotation(gcj, contract.ANNOTATION_RESUME), now=now)
 
 
-async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
-                       runs: Sequence[RunRecord], previous: Mapping[str, Any],
-                       suspension: SuspensionDecision, now: datetime, client: KubeClient,
-                       memory: PassMemory, logger: Logger) -> SlotsResult:
+def plan_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
+               runs: Sequence[RunRecord], previous: Mapping[str, Any],
+               suspension: SuspensionDecision, now: datetime,
+               once: Once) -> Generator[Action, Any, SlotsResult]:
     """Plan catch-up and skipped wall times and advance the backfill; start at most one
     Job (catch-up first, then skipped times: a recent slot matters more than an old range)."""
     runs = by_skipped_key(runs)
@@ -101,7 +99,7 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
         events.append(RunEvent(_NOTE_REASONS[reason], message, subject=message))
     warning = heartbeat_warning(parsed)
     generation = get_path(gcj, "metadata", "generation")
-    if warning is not None and memory.first_time(uid_of(gcj), f"catch-up-heartbeat\n{generation}"):
+    if warning is not None and (yield from once.first_time(f"catch-up-heartbeat\n{generation}")):
         events.append(RunEvent(EventReason.CATCH_UP_WITHOUT_HEARTBEAT, warning, subject=warning))
 
     previous_catch_up = previous.get("catchUp") if isinstance(previous.get("catchUp"), Mapping) else None
@@ -111,8 +109,8 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     catch_up = plan.to_status(previous_catch_up) if plan is not None else None
     started: str | None = None
     if plan is not None and plan.start is not None and cronjob is not None:
-        attempt = await _start_slot_job(gcj, cronjob, _Slot.past(plan.start), contract.RUN_KIND_CATCH_UP,
-                                        plan.attempt, client=client, memory=memory, logger=logger)
+        attempt = yield from _start_slot_job(cronjob, _Slot.past(plan.start), contract.RUN_KIND_CATCH_UP,
+                                             plan.attempt, once)
         events += attempt.events
         if attempt.made:
             started, busy = contract.RUN_KIND_CATCH_UP, True
@@ -124,10 +122,10 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
                                  now=now) if created is not None else None
     if skipped is not None and skipped.start is not None and cronjob is not None:
         wall = skipped.start.wall.isoformat(sep=" ", timespec="minutes")
-        attempt = await _start_slot_job(
-            gcj, cronjob, _Slot(skipped.start.slot, skipped.start.due,
-                                f"{wall}, a wall time the clock of {parsed.spec.time_zone} skipped"),
-            contract.RUN_KIND_SKIPPED_TIME, skipped.attempt, client=client, memory=memory, logger=logger)
+        attempt = yield from _start_slot_job(
+            cronjob, _Slot(skipped.start.slot, skipped.start.due,
+                           f"{wall}, a wall time the clock of {parsed.spec.time_zone} skipped"),
+            contract.RUN_KIND_SKIPPED_TIME, skipped.attempt, once)
         events += attempt.events
         if attempt.made:
             started, busy = contract.RUN_KIND_SKIPPED_TIME, True
@@ -139,8 +137,8 @@ async def act_on_slots(gcj: Body, parsed: ParsedSpec, cronjob: Body | None, *,
     backfill = step.status
     events += [RunEvent(_NOTE_REASONS[reason], message, subject=message) for reason, message in step.notes]
     if step.start is not None and backfill is not None and cronjob is not None:
-        attempt = await _start_slot_job(gcj, cronjob, _Slot.past(step.start), contract.RUN_KIND_BACKFILL,
-                                        step.attempt, client=client, memory=memory, logger=logger)
+        attempt = yield from _start_slot_job(cronjob, _Slot.past(step.start), contract.RUN_KIND_BACKFILL,
+                                             step.attempt, once)
         events += attempt.events
         if attempt.given_up is not None:  # asking again would be refused again
             stop = backfill_status.stopped(backfill, attempt.given_up)
@@ -189,8 +187,8 @@ class _Attempt:
     given_up: str | None = None  # why asking again cannot succeed (the CronJob, a 400/422)
 
 
-async def _start_slot_job(gcj: Body, cronjob: Body, target: _Slot, kind: str, attempt: int, *,
-                          client: KubeClient, memory: PassMemory, logger: Logger) -> _Attempt:
+def _start_slot_job(cronjob: Body, target: _Slot, kind: str, attempt: int,
+                    once: Once) -> Generator[Action, Any, _Attempt]:
     """Create the Job for one attempt at a past slot or a skipped wall time. AlreadyExists
     (the same attempt, from a pass whose status write was lost) counts as made."""
     slot = target.slot
@@ -199,13 +197,13 @@ async def _start_slot_job(gcj: Body, cronjob: Body, target: _Slot, kind: str, at
     name = contract.attempt_job_name(cronjob_name, slot, kind, attempt)
     what = _WHAT[kind]
 
-    def failed(why: str, *, permanent: bool) -> _Attempt:
+    def failed(why: str, *, permanent: bool) -> Generator[Action, Any, _Attempt]:
         message = f"no {what} for {target.shown}: {why}"
         given_up = message if permanent else None
         # Once per Job name in this process: every Job event starts a pass.
-        if not memory.first_time(uid_of(gcj), f"{kind}\n{name}"):
+        if not (yield from once.first_time(f"{kind}\n{name}")):
             return _Attempt(made=False, given_up=given_up)
-        logger.info(message)
+        yield Log(INFO, message)
         return _Attempt(made=False, given_up=given_up,
                         events=[RunEvent(EventReason.MAKE_UP_RUN_FAILED, message, subject=name)])
 
@@ -213,16 +211,19 @@ async def _start_slot_job(gcj: Body, cronjob: Body, target: _Slot, kind: str, at
         job = build_slot_job(cronjob, slot=slot, scheduled_at=format_time(target.due), run_kind=kind,
                              attempt=attempt)
     except ManualRunError as error:
-        return failed(f"CronJob {cronjob_name} cannot give a guarded run: {error}", permanent=True)
-    try:
-        await client.create(JOBS, namespace, job)
-    except Conflict:
-        logger.info(f"Job {name} for {target.shown} already exists.")
-        return _Attempt(made=True)
-    except ApiError as error:
-        if error.namespace_terminating:
+        return (yield from failed(f"CronJob {cronjob_name} cannot give a guarded run: {error}",
+                                  permanent=True))
+    result = yield CreateJob(namespace, job)
+    if isinstance(result, Refused):
+        if result.code is None:
+            raise result.error  # no answer: kopf retries the pass
+        if result.code == 409:
+            yield Log(INFO, f"Job {name} for {target.shown} already exists.")
+            return _Attempt(made=True)
+        if result.namespace_terminating:
             return _Attempt(made=False)
-        return failed(f"the API server refused Job {name}: {error}", permanent=error.permanent)
-    logger.info(f"Created Job {name}, a {what} for {target.shown}.")
+        return (yield from failed(f"the API server refused Job {name}: {result.error}",
+                                  permanent=result.permanent))
+    yield Log(INFO, f"Created Job {name}, a {what} for {target.shown}.")
     return _Attempt(made=True, events=[RunEvent(
         _CREATED[kind], f"{what} {name} created for {target.shown}", subject=name)])
