@@ -37,7 +37,7 @@ class EventReason(StrEnum):
     GUARD_ERROR = "GuardError"
     MISSED_RUN = "MissedRun"
     OVERLAP = "Overlap"
-    # Not from a status difference: posted by the operator when it acts (handlers).
+    # Not from a status difference: posted by the operator when it acts (guardedcron.planner).
     MANUAL_RUN_CREATED = "ManualRunCreated"
     TRIGGER_FAILED = "TriggerFailed"
     WORKLOAD_STOPPED = "WorkloadStopped"
@@ -48,10 +48,10 @@ class EventReason(StrEnum):
     # The spec asks for a lock its namespace may not use (spec.locks), or the CronJob
     # was deleted because its runs would take one.
     LOCK_NOT_ALLOWED = "LockNotAllowed"
-    # The CronJob's runs took another lock until this pass (e.g. a lease.name of before
-    # issue 11, now inside the namespace): runs under the two names do not exclude each other.
+    # The CronJob's runs took another lock until this pass (e.g. a lease.name that did not
+    # yet name the namespace): runs under the two names do not exclude each other.
     LOCK_CHANGED = "LockChanged"
-    # Catch-up, backfill and suspension after failures (issue 14; handlers/scheduling.py).
+    # Catch-up, backfill and suspension after failures (planner/slots.py).
     MAKE_UP_RUN_CREATED = "MakeUpRunCreated"
     MAKE_UP_RUN_FAILED = "MakeUpRunFailed"
     BACKFILL_STARTED = "BackfillStarted"
@@ -65,7 +65,7 @@ class EventReason(StrEnum):
     BACKFILL_REFUSED = "BackfillRefused"
     SUSPENDED_AFTER_FAILURES = "SuspendedAfterFailures"
     RESUMED_AFTER_FAILURES = "ResumedAfterFailures"
-    # What the pass cannot do (handlers/reconcile.py), said when status changes: the spec's
+    # What the pass cannot do (planner/pass_plan.py), said when status changes: the spec's
     # problems, the API server's refusal of the CronJob, a CronJob of that name not ours.
     SPEC_INVALID = "SpecInvalid"
     CRONJOB_REJECTED = "CronJobRejected"
