@@ -160,3 +160,25 @@ async def test_installed_watches_slim_every_object(monkeypatch: pytest.MonkeyPat
     assert seen == [{"type": None, "object": {"metadata": {"name": "a", "managedFields": [OWN_APPLY]}}},
                     watching.Bookmark.LISTED,
                     {"type": "ADDED", "object": {"metadata": {"name": "b"}}}]
+
+
+def test_the_kopf_parts_the_adapters_replace_are_still_there_as_they_were() -> None:
+    """The three adapters of kopf_startup reach into kopf's private modules: a kopf that
+    renamed or reshaped one of these parts fails here, by name, rather than start an
+    operator that is quadratic at start-up or keeps every body again."""
+    import inspect
+
+    from kopf._core.reactor import inventory
+
+    assert set(inspect.signature(aiotoggles.ToggleSet.__init__).parameters) == {"self", "fn"}
+    for method in ("is_on", "make_toggle", "drop_toggle", "drop_toggles"):
+        assert callable(getattr(aiotoggles.ToggleSet, method)), method
+    async def fields() -> tuple[set[str], set[str]]:
+        daemons = inventory.ResourceMemory().daemons_memory
+        return set(vars(aiotoggles.ToggleSet(all))), set(dir(daemons))
+    toggle_set, daemons = asyncio.run(fields())
+    assert {"_toggles", "_condition", "_fn"} <= toggle_set
+    assert {"live_fresh_body", "running_daemons"} <= daemons
+    assert "condition" in inspect.signature(aiotoggles.Toggle.__init__).parameters
+    assert inspect.isasyncgenfunction(inspect.unwrap(watching.continuous_watch))
+    assert "memory" in inspect.signature(processing.process_spawning_cause).parameters
