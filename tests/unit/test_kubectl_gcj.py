@@ -187,3 +187,17 @@ def test_redacted_text_hides_the_userinfo_of_any_url_with_a_password() -> None:
     assert support_report.redacted_text("see https://bot:pw@h.example/x and http://h.example/y") == (
         "see https://<redacted>@h.example/x and http://h.example/y")
     assert support_report.redacted_text("amqp://u:p@mq:5672") == "amqp://<redacted>@mq:5672"
+
+
+def test_a_secret_passed_as_a_flag_in_a_containers_command_or_args_is_hidden() -> None:
+    container = {"name": "task", "command": ["/bin/run", "--api-token", "tk-5512"],
+                 "args": ["--password", "Zq93-pw", "--user=billing", "--db-password=Kx71",
+                          "-p", "8080", "--client-secret", "s3cr3t", "sh", "-c", "PGPASSWORD=Mm4 psql"]}
+    shown = support_report.redacted({"spec": {"containers": [container]}})["spec"]["containers"][0]
+    assert shown["command"] == ["/bin/run", "--api-token", "<redacted>"]
+    assert shown["args"][:3] == ["--password", "<redacted>", "--user=billing"]
+    assert shown["args"][3] in ("--db-password=<redacted>", "--db-password=***")
+    assert shown["args"][4:] == ["-p", "8080", "--client-secret", "<redacted>",
+                                 "sh", "-c", "PGPASSWORD=*** psql"]
+    text = str(shown)
+    assert not any(secret in text for secret in ("tk-5512", "Zq93-pw", "Kx71", "s3cr3t", "Mm4"))

@@ -43,6 +43,9 @@ REDACTED = "<redacted>"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # scheme://user:password@ : the userinfo of any URL that carries a password.
 _URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s:@]*:[^@\s/]*@", re.IGNORECASE)
+# A command-line flag whose value is a secret (`--password x`, `--api-token=x`, `-dsn x`).
+_SECRET_FLAG = re.compile(
+    r"^--?[\w.-]*(?:password|passwd|pwd|secret|token|api[-_]?key|credential|dsn)[\w.-]*$", re.IGNORECASE)
 
 
 def add_parser(sub: Any) -> None:
@@ -151,8 +154,30 @@ def redacted(value: Any) -> Any:
                     for entry in item]
         elif key == "annotations" and isinstance(item, dict) and LAST_APPLIED in item:
             item = {**item, LAST_APPLIED: REDACTED}
+        elif key in ("args", "command") and isinstance(item, list):
+            item = redacted_arguments(item)
         copy[key] = redacted(item)
     return copy
+
+
+def redacted_arguments(arguments: list[Any]) -> list[Any]:
+    """A container's command or args with the value of every flag named like a secret
+    hidden, given as the next argument or after `=`."""
+    result: list[Any] = []
+    hide_next = False
+    for argument in arguments:
+        if hide_next and isinstance(argument, str):
+            result.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        flag, equals, _ = argument.partition("=") if isinstance(argument, str) else ("", "", "")
+        if _SECRET_FLAG.match(flag):
+            result.append(f"{flag}={REDACTED}" if equals else argument)
+            hide_next = not equals
+        else:
+            result.append(argument)
+    return result
 
 
 def object_summary(obj: dict[str, Any]) -> dict[str, Any]:
