@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -398,14 +399,15 @@ def exclusive_lock(lock_path: Path) -> Iterator[None]:
 
 def build_targets(
     targets: tuple[BuildTarget, ...], bin_dir: Path, kubernetes_version: str, cache_root: Path,
-    progress: Progress,
+    progress: Progress, release: str = "",
 ) -> None:
-    """Build `targets` into `bin_dir` with progress lines (also promtool.py's build)."""
+    """Build `targets` into `bin_dir` with progress lines (also the Go tools' build, whose
+    `release` names what a missing Go would have built instead of a Kubernetes release)."""
     names = ", ".join(t.name for t in targets)
     if shutil.which("go") is None:
         raise BuildError(
             f"the Go toolchain ('go') is not on PATH; it is needed once to build {names} "
-            f"(Kubernetes {kubernetes_version})"
+            f"({release or f'Kubernetes {kubernetes_version}'})"
         )
     # Build into a scratch folder and move each binary in only when it is complete, so
     # an interrupted build never leaves a half-written binary that looks usable.
@@ -439,6 +441,65 @@ def _run_go_build(
         what=f"building {target.name}", log_path=log_path, timeout_s=GO_BUILD_TIMEOUT_S,
         progress=progress, env=env, cwd=GO_SOURCES / target.module_dir,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GoTool:
+    """A third-party command built unchanged from our tiny module under go/, whose `tool`
+    directive pins one release of `module` (promtool.py, actionlint.py). It is cached in
+
+        ${XDG_CACHE_HOME:-~/.cache}/guardedcron/<name>-<version>/bin/<name>
+
+    keyed by that release and the digest of the tiny module's files."""
+
+    target: BuildTarget  # module_dir is also the name of the guardedcron_devenv module
+    module: str  # the Go module whose release our go.mod pins
+    stamp_key: str  # the stamp's name for that release
+    release_name: str  # how messages name the release: "<release_name> <version>"
+
+    @property
+    def sources(self) -> Path:
+        return GO_SOURCES / self.target.module_dir
+
+
+def go_tool_version(tool: GoTool) -> str:
+    """The release of the tool's Go module that our go.mod pins."""
+    return required_version((tool.sources / "go.mod").read_text(), tool.module)
+
+
+def go_tool_stamp(tool: GoTool, sources: str, version: str) -> dict[str, str]:
+    """What a tool's build is keyed on: a change to any value makes the cached binary stale."""
+    return {
+        tool.stamp_key: version,
+        "sources": sources,
+        "command": " ".join(build_go_command(tool.target, Path("bin"), version)),
+    }
+
+
+def ensure_go_tool(tool: GoTool, progress: Progress = print) -> Path:
+    """Return the tool's cached binary, building it first if absent, stale or forced."""
+    version = go_tool_version(tool)
+    cache_root = build_cache_root(os.environ)
+    version_dir = cache_root / f"{tool.target.name}-{version}"
+    bin_dir = version_dir / "bin"
+    build_cached(
+        version_dir,
+        lambda: go_tool_stamp(tool, sources_digest(only=(f"{tool.target.module_dir}/",)), version),
+        lambda wanted: binaries_current(bin_dir, (tool.target,), wanted),
+        lambda: build_targets((tool.target,), bin_dir, version, cache_root, progress,
+                              release=f"{tool.release_name} {version}"),
+    )
+    return bin_dir / tool.target.name
+
+
+def go_tool_main(tool: GoTool, argv: list[str] | None = None) -> None:
+    """`python -m guardedcron_devenv.<module_dir> <name>`: build (or reuse), print the path."""
+    args = sys.argv[1:] if argv is None else argv
+    name = tool.target.name
+    if args != [name]:
+        raise SystemExit(f"usage: python -m guardedcron_devenv.{tool.target.module_dir} {name}")
+    # Progress goes to stderr so stdout is the path alone, usable as $(...).
+    print(ensure_go_tool(tool, lambda line: print(line, file=sys.stderr)))
 
 
 def main() -> None:

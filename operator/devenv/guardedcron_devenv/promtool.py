@@ -5,8 +5,8 @@ runs (`promtool test rules`, `promtool check rules`), not by a re-implementation
 package registry here ships promtool, but it is the `cmd/promtool` package of the Go
 module github.com/prometheus/prometheus. Our tiny module in `go/promtool/` pins one
 release (a `tool` directive in its go.mod); it is built once per version and source
-digest, with the same cache protocol and build loop as the control plane
-(binaries.py), into
+digest, with the same cache protocol and build loop as the control plane and the other
+Go-built tools (binaries.py's GoTool), into
 
     ${XDG_CACHE_HOME:-~/.cache}/guardedcron/promtool-<version>/bin/promtool
 
@@ -15,24 +15,17 @@ digest, with the same cache protocol and build loop as the control plane
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 from pathlib import Path
 from typing import Final
 
 from guardedcron_devenv.binaries import (
-    GO_SOURCES,
-    BuildError,
     BuildTarget,
+    GoTool,
     Progress,
-    binaries_current,
-    build_cache_root,
-    build_cached,
-    build_go_command,
-    build_targets,
-    required_version,
-    sources_digest,
+    ensure_go_tool,
+    go_tool_main,
+    go_tool_stamp,
+    go_tool_version,
 )
 
 PROMETHEUS_MODULE: Final = "github.com/prometheus/prometheus"
@@ -41,55 +34,28 @@ PROMETHEUS_MODULE: Final = "github.com/prometheus/prometheus"
 PROMTOOL: Final = BuildTarget(
     "promtool", "promtool", f"{PROMETHEUS_MODULE}/cmd/promtool", tags=("remove_all_sd",)
 )
-PROMTOOL_SOURCES: Final = GO_SOURCES / PROMTOOL.module_dir
+PROMTOOL_TOOL: Final = GoTool(PROMTOOL, PROMETHEUS_MODULE, "prometheus", "Prometheus module")
+PROMTOOL_SOURCES: Final = PROMTOOL_TOOL.sources
 
 
 def prometheus_version() -> str:
     """The Prometheus module release our go.mod pins (v0.3xx.y is Prometheus 3.xx.y)."""
-    return required_version((PROMTOOL_SOURCES / "go.mod").read_text(), PROMETHEUS_MODULE)
+    return go_tool_version(PROMTOOL_TOOL)
 
 
 def build_stamp(sources: str, version: str) -> dict[str, str]:
     """What a build is keyed on: a change to any value makes the cached binary stale."""
-    return {
-        "prometheus": version,
-        "sources": sources,
-        "command": " ".join(build_go_command(PROMTOOL, Path("bin"), version)),
-    }
+    return go_tool_stamp(PROMTOOL_TOOL, sources, version)
 
 
 def ensure_promtool(progress: Progress = print) -> Path:
     """Return the cached promtool, building it first if absent, stale or forced."""
-    version = prometheus_version()
-    cache_root = build_cache_root(os.environ)
-    version_dir = cache_root / f"promtool-{version}"
-    bin_dir = version_dir / "bin"
-    build_cached(
-        version_dir,
-        lambda: build_stamp(sources_digest(only=(f"{PROMTOOL.module_dir}/",)), version),
-        lambda wanted: binaries_current(bin_dir, (PROMTOOL,), wanted),
-        lambda: _build(bin_dir, version, cache_root, progress),
-    )
-    return bin_dir / PROMTOOL.name
-
-
-def _build(bin_dir: Path, version: str, cache_root: Path, progress: Progress) -> None:
-    # Checked here so the message names promtool rather than a Kubernetes release.
-    if shutil.which("go") is None:
-        raise BuildError(
-            f"the Go toolchain ('go') is not on PATH; it is needed once to build promtool "
-            f"(Prometheus module {version})"
-        )
-    build_targets((PROMTOOL,), bin_dir, version, cache_root, progress)
+    return ensure_go_tool(PROMTOOL_TOOL, progress)
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m guardedcron_devenv.promtool promtool`: build (or reuse), print the path."""
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["promtool"]:
-        raise SystemExit("usage: python -m guardedcron_devenv.promtool promtool")
-    # Progress goes to stderr so stdout is the path alone, usable as $(...).
-    print(ensure_promtool(lambda line: print(line, file=sys.stderr)))
+    go_tool_main(PROMTOOL_TOOL, argv)
 
 
 if __name__ == "__main__":
