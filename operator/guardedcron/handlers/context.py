@@ -38,7 +38,6 @@ class _Remembered:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: float | None = None  # when the latest pass read the indexes (`time.monotonic()`)
-    first_pass: bool = True  # the pass running now (or the latest) is its first here
     # Packed: a parsed status costs a few KiB per object for as long as the process runs.
     written: Packed | None = None
     done: set[str] | None = None  # first_time's actions (rare: made on the first)
@@ -68,14 +67,7 @@ class PassMemory:
 
     def pass_starting(self, uid: str) -> None:
         """A pass is about to read the indexes (under the lock)."""
-        remembered = self._of(uid)
-        remembered.first_pass = remembered.started is None
-        remembered.started = time.monotonic()
-
-    def is_first_pass(self, uid: str) -> bool:
-        """Whether the pass running now is the object's first in this process."""
-        remembered = self._objects.get(uid)
-        return remembered is None or remembered.first_pass
+        self._of(uid).started = time.monotonic()
 
     def last_pass_started(self, uid: str) -> float | None:
         """When the latest pass in this process read the indexes (`time.monotonic()`)."""

@@ -93,8 +93,7 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
     describe` is posted by the plan, each with its own reason."""
     memory, uid = context.memory, uid_of(observed.gcj)
     view = PassView(observed=observed, settings=context.settings, now=now,
-                    written_status=memory.written_status(uid), first_pass=memory.is_first_pass(uid),
-                    done=memory.taken(uid))
+                    written_status=memory.written_status(uid), done=memory.taken(uid))
     return await execute(plan_pass(view), observed.gcj, context, now, logger)
 
 

@@ -38,7 +38,6 @@ class PassView:
     settings: Settings
     now: datetime
     written_status: Mapping[str, Any] | None = None  # the status this process wrote last
-    first_pass: bool = True  # the object's first pass in this process
     done: frozenset[str] = frozenset()  # once-per-process actions already taken (`Remember`)
 
 
