@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -14,12 +15,14 @@ import pytest
 import yaml
 
 from guardedcron import contract
+from guardedcron.guard.migrations import LATEST_VERSION
 from guardedcron_devenv.docker_engine import DockerEngine
 from guardedcron_devenv.image import BuiltImage
 from guardedcron_devenv.node_images import ImageFile, build_image_archive, busybox_files
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.node.cluster import NODE_TEST_TIMEOUT_SECONDS, POD_SUBNET, NodeCluster
 from tests.node.user_path import (
+    RELEASE,
     RESTRICTED,
     SYSTEM_NAMESPACE,
     WORKLOAD_CONTAINER,
@@ -27,12 +30,16 @@ from tests.node.user_path import (
     build_workload_image,
     guarded_cronjob,
     install_chart,
+    migration_values,
     prepare_database,
     previous_chart,
+    schema_version,
     wait_for,
     workload_container,
 )
+from tests.packaging.test_chart import restricted_violations
 from tests.support import REPO
+from tests.support.chart import CHART, helm
 
 # The last chart that landed before lock names changed the CRD (spec.lease.sharedLock).
 PREVIOUS_CHART = "9217f81"
@@ -63,7 +70,13 @@ def user_path(
         path.team_namespace(UPGRADED_NAMESPACE)
         path.apply(guarded_cronjob("before-upgrade", UPGRADED_NAMESPACE))
         path.wait_cronjob(UPGRADED_NAMESPACE, "before-upgrade")
-        install_chart(path)
+        # This chart with its migration hook: the guard's schema is made by a Job in
+        # gc-system, under `restricted`, before the upgrade's objects
+        # (test_the_charts_hook_job_migrated_the_schema_as_a_restricted_pod).
+        path.schema_before_hook = schema_version(path)
+        started = time.monotonic()
+        install_chart(path, migration=migration_values(path))
+        path.hook_install_seconds = time.monotonic() - started
         yield path
 
 
@@ -88,6 +101,48 @@ def test_the_operator_runs_as_a_restricted_pod_and_serves_metrics(user_path: Use
     assert "guardedcron_" in metrics, metrics[:500]
     logs = user_path.operator_logs()
     assert "forbidden" not in logs.lower(), logs[-3000:]
+
+
+def test_the_charts_hook_job_migrated_the_schema_as_a_restricted_pod(user_path: UserPath) -> None:
+    """`migration.enabled`: Helm ran `guardedcron db migrate` as a pre-upgrade hook Job in
+    gc-system (enforcing `restricted`), waited for it, and deleted it once it succeeded."""
+    print(f"helm upgrade with the migration hook: {user_path.hook_install_seconds:.1f} s")
+    # Nothing else makes the schema in this tier: before the upgrade there was none.
+    assert user_path.schema_before_hook is None
+    assert schema_version(user_path) == LATEST_VERSION
+    job = f"{RELEASE}-guardedcron-migrate"
+    events = [e for e in user_path.get("events", "-n", SYSTEM_NAMESPACE)["items"]
+              if e["involvedObject"].get("kind") == "Job" and e["involvedObject"]["name"] == job]
+    reasons = {e["reason"] for e in events}
+    # The Job controller's pod passed `restricted` admission, and the Job completed.
+    assert {"SuccessfulCreate", "Completed"} <= reasons, events
+    assert "FailedCreate" not in reasons, events
+    # hook-delete-policy hook-succeeded: the Job is gone, and so is its pod.
+    assert job not in {j["metadata"]["name"] for j in user_path.get("jobs", "-n", SYSTEM_NAMESPACE)["items"]}
+    kubeconfig = str(user_path.cluster.plane.kubeconfig)
+    status = helm(["status", RELEASE, "--namespace", SYSTEM_NAMESPACE, "-o", "json",
+                   "--kubeconfig", kubeconfig])  # fmt: skip
+    assert status.code == 0, status.stderr
+    hooks = {hook["name"]: hook for hook in json.loads(status.stdout).get("hooks") or []}
+    assert job in hooks, status.stdout[:3000]
+    assert hooks[job]["last_run"]["phase"] == "Succeeded", hooks[job]
+    pod = yaml.safe_load(hooks[job]["manifest"])["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == [] and pod["automountServiceAccountToken"] is False
+
+    # With the hook off, NOTES.txt's `kubectl run` passes `restricted` admission too
+    # (a server-side dry run in gc-system: admitted, nothing created).
+    notes = helm(["install", RELEASE, str(CHART), "--dry-run=client", "--namespace", SYSTEM_NAMESPACE],
+                 {"image": {"repository": "guardedcron", "tag": "dev"}}).stdout.split("NOTES:", 1)[1]
+    overrides = re.search(r"--overrides='([^']*)'", notes)
+    assert overrides and "--override-type=strategic" in notes, notes
+    admitted = user_path.kubectl(
+        "run", "guardedcron-migrate", "-n", SYSTEM_NAMESPACE, "--restart=Never",
+        f"--image={user_path.image.tag}", "--env=GUARDEDCRON_DSN=postgresql://x@y/z",
+        "--override-type=strategic", f"--overrides={overrides[1]}", "--dry-run=server", "-o", "json",
+        "--", "db", "migrate",
+    )  # fmt: skip
+    spec = json.loads(admitted.stdout)["spec"]
+    assert restricted_violations(spec) == [] and spec["containers"][0]["args"] == ["db", "migrate"]
 
 
 def test_helm_upgrade_from_the_previous_chart_keeps_objects_and_serves_new_fields(

@@ -26,7 +26,7 @@ from guardedcron_devenv.docker_engine import DockerEngine
 from guardedcron_devenv.image import BuiltImage
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from tests.node.cluster import NodeCluster
-from tests.support import GUARDEDCRON, REPO
+from tests.support import REPO
 from tests.support.chart import CHART, helm
 from tests.support.waiting import wait_for
 
@@ -36,6 +36,8 @@ WORKLOAD_SCRIPT = REPO / "tests" / "e2e" / "workload.py"  # the e2e suite's work
 WORKLOAD_IMAGE = "guardedcron-node-workload:dev"
 WORKLOAD_CONTAINER = "work"
 DSN_SECRET = "jobs-db"
+# The DSN the chart's migration hook Job reads, in SYSTEM_NAMESPACE.
+MIGRATION_SECRET = "guardedcron-migrate"
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
 # What `restricted` asks of every container; the guard's containers carry it already.
 RESTRICTED_CONTAINER = {
@@ -52,6 +54,10 @@ class UserPath:
     cluster: NodeCluster
     db: ThrowawayPostgres
     image: BuiltImage
+    # The guard's schema version just before the chart with its migration hook was
+    # installed (None: no schema at all), and how long that `helm upgrade` took.
+    schema_before_hook: int | None = None
+    hook_install_seconds: float = 0.0
 
     @property
     def host_dsn(self) -> str:
@@ -204,13 +210,34 @@ def build_workload_image(engine: DockerEngine, base: str, context: Path) -> str:
 
 
 def prepare_database(db: ThrowawayPostgres) -> None:
-    """The guard's schema (`guardedcron db migrate`) and the workload's tables."""
+    """The workload's tables. Not the guard's schema: the chart's migration hook makes it
+    (`migration.enabled`, test_user_path.py's fixture)."""
     db.create_database("work")
-    for command in ([GUARDEDCRON, "db", "migrate", "--dsn", db.dsn("work")],
-                    [sys.executable, str(WORKLOAD_SCRIPT), "--setup"]):  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False,
-                                env={**os.environ, "WORKLOAD_DSN": db.dsn("work")})  # fmt: skip
-        assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, str(WORKLOAD_SCRIPT), "--setup"], capture_output=True,
+                            text=True, timeout=120, check=False,
+                            env={**os.environ, "WORKLOAD_DSN": db.dsn("work")})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def schema_version(path: UserPath) -> int | None:
+    """The guard's schema version in the tier's database, as `db status` reads it; None
+    before any migration."""
+    [(exists,)] = path.query("SELECT to_regclass('guardedcron.schema_migrations') IS NOT NULL")
+    if not exists:
+        return None
+    [(version,)] = path.query("SELECT coalesce(max(version), 0) FROM guardedcron.schema_migrations")
+    return int(version)
+
+
+def migration_values(path: UserPath) -> dict[str, Any]:
+    """The chart's migration hook, with a Secret in the release's namespace holding the
+    DSN the pods use (made here once)."""
+    try:
+        path.get("secret", MIGRATION_SECRET, "-n", SYSTEM_NAMESPACE)
+    except KubectlError:
+        path.kubectl("create", "secret", "generic", MIGRATION_SECRET, "-n", SYSTEM_NAMESPACE,
+                     f"--from-literal=dsn={path.pod_dsn}")  # fmt: skip
+    return {"enabled": True, "databaseSecretRef": {"name": MIGRATION_SECRET, "key": "dsn"}}
 
 
 def workload_container(*, items: int = 3, gate: bool = False) -> dict[str, Any]:
