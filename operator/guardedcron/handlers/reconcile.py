@@ -255,6 +255,14 @@ async def run_queued_pass(key: Key, *, context: OperatorContext, caches: Caches,
             lambda: observe(lookup(caches.guarded_cronjobs, key) or gcj,
                             lookup(caches.cronjobs, key) or found, jobs=caches.jobs, pods=caches.pods),
             uid=uid_of(gcj), context=context, logger=logger)
+    except NotFound:
+        # Its status is gone: the GuardedCronJob was deleted while no watch said so (a
+        # re-listing after the watch's window closed). Nothing to run again.
+        logger.info("Gone from the API server; forgotten.")
+        caches.guarded_cronjobs.delete(gcj)
+        context.memory.forget(uid_of(gcj))
+        forget_metrics(context.metrics, namespace=key[0], name=key[1])
+        return None
     except Exception:
         logger.exception(f"The pass failed; it runs again in {RETRY_SECONDS:.0f} s.")
         return RETRY_SECONDS
