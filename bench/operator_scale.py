@@ -81,6 +81,16 @@ async def wait_for(check: Callable[[], bool], what: str, phase_seconds: float) -
     return time.monotonic() - started
 
 
+async def wait_for_passes(op: Operator, count: int, phase_seconds: float) -> float:
+    """Until `count` passes have run: kopf's resume queues a pass, the operator's workers run it."""
+    started = time.monotonic()
+    while await op.passes() < count:
+        if time.monotonic() - started > phase_seconds:
+            raise SystemExit(f"timed out after {phase_seconds:.0f} s waiting for {count} passes")
+        await asyncio.sleep(0.5)
+    return time.monotonic() - started
+
+
 def allocator_env(allocator: str) -> dict[str, str]:
     if allocator == "chart":
         return dict(ALLOCATOR_ENV)
@@ -178,6 +188,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
                         code, allocator) as op:
         resumed_s = await wait_for(lambda: op.resumed() >= objects, "every object resumed",
                                    phase_seconds)
+        resumed_s += await wait_for_passes(op, objects, phase_seconds)
         cpu_restart = op.cpu()
         await asyncio.sleep(SETTLE_SECONDS)
         passes_restart = await op.passes()

@@ -131,7 +131,7 @@ async def test_a_failing_pass_is_said_once_per_error(api: GuardedEmulator, clien
     logger = logging.getLogger("tests.operator")
     observed = await observe_api(client, NS, NAME)
 
-    for _ in range(2):  # kopf retries the pass; the second failure says nothing new
+    for _ in range(2):  # the pass runs again; the second failure says nothing new
         with pytest.raises(Exception, match="is forbidden"):
             await run_pass(lambda: observed, uid=observed.gcj["metadata"]["uid"], context=context,
                            logger=logger)

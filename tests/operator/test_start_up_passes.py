@@ -1,6 +1,6 @@
 """What the operator does per object when it starts over many: passes in flight are
 bounded, and a listed child (CronJob, Job, Pod) gets no pass of its own when its
-GuardedCronJob's pass reads it from the index anyway."""
+GuardedCronJob's pass reads it from the cache anyway."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kopf._cogs.structs.references import NamespaceName
-from kopf._core.engines.indexing import OperatorIndexer
-
+from guardedcron.handlers.caches import ObjectCache
 from guardedcron.handlers.context import OperatorContext
-from guardedcron.handlers.observe import Packed
+from guardedcron.handlers.observe import index_by_name
 from guardedcron.handlers.reconcile import _listed_and_seen, run_pass
 from guardedcron.kube import KubeClient, Resource
 from guardedcron.spec import Settings
@@ -61,28 +59,27 @@ async def test_passes_in_flight_are_bounded(api: GuardedEmulator, client: KubeCl
     assert CountingClient.most == 3  # unbounded, all 8 applied at once
 
 
-def index_with(body: dict[str, Any]) -> OperatorIndexer:
-    indexer = OperatorIndexer()
-    # kopf's key for an indexed object: (namespace, name, uid).
-    acckey = (NamespaceName(NS), body["metadata"]["name"], "cronjob-uid")
-    indexer.replace(acckey, {KEY: Packed.of(body)})
-    return indexer
+def cache_with(body: dict[str, Any]) -> ObjectCache:
+    cache = ObjectCache(index_by_name)
+    cache.store({**body, "metadata": {**body["metadata"], "uid": "cronjob-uid"}})
+    return cache
 
 
 def test_a_listed_child_is_left_to_its_guardedcronjobs_pass() -> None:
     context = OperatorContext(client=KubeClient(), settings=Settings(build=SETTINGS))
-    cronjobs = index_with({"metadata": {"name": "nightly", "namespace": NS}}).index
+    cronjobs = cache_with({"metadata": {"name": "nightly", "namespace": NS}})
 
     # Start-up: its GuardedCronJob's first pass is still to come (kopf's resume), and
-    # reads the index: no pass for the listed CronJob.
+    # reads the cache: no pass for the listed CronJob.
     assert _listed_and_seen(None, UID, context, (cronjobs,), KEY)
     # A watch event (not a listing) always gets its pass.
     assert not _listed_and_seen("MODIFIED", UID, context, (cronjobs,), KEY)
-    # The GuardedCronJob's pass started after the CronJob was indexed: it saw it.
+    # The GuardedCronJob's pass started after the CronJob was cached: it saw it.
     context.memory.pass_starting(UID)
     assert _listed_and_seen(None, UID, context, (cronjobs,), KEY)
 
     # A watch that started over lists the CronJob again, after the last pass: the pass
     # has not seen this version (it may have been edited in the gap), so it gets one.
-    relisted = index_with({"metadata": {"name": "nightly", "namespace": NS, "resourceVersion": "9"}}).index
-    assert not _listed_and_seen(None, UID, context, (cronjobs, relisted), KEY)
+    cronjobs.store({"metadata": {"name": "nightly", "namespace": NS, "uid": "cronjob-uid",
+                                 "resourceVersion": "9"}})
+    assert not _listed_and_seen(None, UID, context, (cronjobs,), KEY)

@@ -24,7 +24,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import kopf
 import pytest
-from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import watching
 from kopf.testing import KopfRunner
@@ -33,6 +32,7 @@ from guardedcron.handlers import kopf_startup, reconcile
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.registry import GCJ, build_registry
 from guardedcron.kube import CRONJOBS, GUARDED_CRONJOBS, KubeClient, NotFound
+from guardedcron.kube import client as kube_client
 from guardedcron.spec import Settings
 from guardedcron_devenv.binaries import ensure_binaries
 from guardedcron_devenv.controlplane import ControlPlane
@@ -46,7 +46,7 @@ CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
 WATCH_SECONDS = 2  # the API server ends each of the operator's watches after this
 RESTARTS = 3  # watches of GuardedCronJobs ended and started again before the new object
 WAIT_SECONDS = 60.0  # for each step; a loaded machine
-WATCHED = ("guardedcronjobs", "cronjobs", "jobs", "pods")  # handlers/registry.py's indexes
+WATCHED = ("guardedcronjobs", "cronjobs", "jobs", "pods")  # handlers/registry.py's caches
 REQUEST = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -141,7 +141,6 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
         async def record(*, body: kopf.Body, **_: Any) -> None:
             handed.append(body["metadata"].get("managedFields"))
 
-        monkeypatch.setattr(aiotoggles, "ToggleSet", aiotoggles.ToggleSet)  # restored afterwards
         monkeypatch.setattr(watching, "continuous_watch", watching.continuous_watch)
         kopf_startup.install()  # as `guardedcron operator` does
         runner = KopfRunner(["run", "--standalone", "--namespace", NS], registry=registry,
@@ -166,8 +165,9 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
         await client.close()
 
     for plural in WATCHED:
-        # One listing per resource, at start; every later watch resumed instead.
-        assert served[f"LIST {plural}"] == 1, (plural, served)
+        # Two listings per resource, at start (the caches' priming, then kopf's watch);
+        # every later watch resumed instead.
+        assert served[f"LIST {plural}"] == 2, (plural, served)
     assert served["WATCH guardedcronjobs"] >= RESTARTS, served
     opened = watches.of("guardedcronjobs")
     assert len(opened) > RESTARTS, opened
@@ -185,11 +185,13 @@ async def test_a_watch_that_ends_resumes_from_its_version_without_listing(
 
 async def test_the_first_listing_comes_in_pages_and_misses_no_object(
         plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
-    """kopf lists each resource LIST_CHUNK_SIZE objects at a time (reconcile.configure_kopf):
-    with pages of 2, five GuardedCronJobs take three LISTs, and each gets its CronJob."""
+    """kopf lists each resource LIST_CHUNK_SIZE objects at a time (reconcile.configure_kopf),
+    and so does the caches' priming (kube/client.py LIST_PAGE_SIZE): with pages of 2, five
+    GuardedCronJobs take three LISTs each, and each gets its CronJob."""
     namespace, page, names = "paged", 2, [f"paged-{index}" for index in range(5)]
     monkeypatch.setenv("KUBECONFIG", str(plane.kubeconfig))
     monkeypatch.setattr(reconcile, "LIST_CHUNK_SIZE", page)
+    monkeypatch.setattr(kube_client, "LIST_PAGE_SIZE", page)
     plane.kubectl("create", "namespace", namespace)
     client = admin_client(plane)
     try:
@@ -198,7 +200,6 @@ async def test_the_first_listing_comes_in_pages_and_misses_no_object(
         before = namespaced_requests(plane)
         settings = Settings(build=SETTINGS, namespaces=(namespace,))
         context = OperatorContext(client=KubeClient(), settings=settings)
-        monkeypatch.setattr(aiotoggles, "ToggleSet", aiotoggles.ToggleSet)  # restored afterwards
         monkeypatch.setattr(watching, "continuous_watch", watching.continuous_watch)
         kopf_startup.install()
         runner = KopfRunner(["run", "--standalone", "--namespace", namespace],
@@ -212,6 +213,7 @@ async def test_the_first_listing_comes_in_pages_and_misses_no_object(
         assert runner.exit_code == 0, runner.output
     finally:
         await client.close()
-    # ceil(5 / 2) pages of GuardedCronJobs; the other resources have none here: one each.
-    assert served["LIST guardedcronjobs"] == -(-len(names) // page), served
-    assert served["LIST cronjobs"] == 1, served
+    # ceil(5 / 2) pages of GuardedCronJobs, twice; the other resources have none here: one
+    # each for the priming, one for kopf.
+    assert served["LIST guardedcronjobs"] == 2 * -(-len(names) // page), served
+    assert served["LIST cronjobs"] == 2, served

@@ -102,7 +102,7 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
     context = OperatorContext(client=KubeClient(), settings=settings)
     server = (await start_metrics_server(settings.metrics_port, context.metrics.registry)
               if settings.metrics_port else None)
-    kopf_startup.install()  # before kopf builds its toggle sets: a start-up linear in objects
+    kopf_startup.install()  # slimmed watch events, no body kept without a running timer
     trim = allocator_trim()  # give the start-up peak back to the system (operator_memory)
     log_allocator(trim, os.environ)
     trimming = asyncio.create_task(trim_periodically(trim))

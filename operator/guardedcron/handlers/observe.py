@@ -1,6 +1,6 @@
-"""What one reconcile pass looks at, gathered from kopf's in-memory indexes.
+"""What one reconcile pass looks at, gathered from the operator's caches (handlers/caches.py).
 
-The indexes hold every GuardedCronJob and every CronJob, Job and Pod labelled as
+The caches hold every GuardedCronJob and every CronJob, Job and Pod labelled as
 guardedcron's, so a pass (and a restart over up-to-date objects) reads nothing from
 the API server. They keep a trimmed copy of each object (no `managedFields` except
 the operator's own apply entry, which the apply check needs; no pod specs; not
@@ -15,11 +15,9 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import kopf
+from typing import Any, Protocol
 
 from guardedcron import contract
 from guardedcron.planner import Observed
@@ -30,11 +28,11 @@ Body = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """An indexed object as compressed compact JSON, and when kopf indexed this version
-    of it (`time.monotonic()`): a pass that started later has seen it."""
+    """A cached object as compressed compact JSON, and when this version of it was
+    stored (`time.monotonic()`): a pass that started later has seen it."""
 
     packed: bytes
-    indexed_at: float
+    stored_at: float
 
     @classmethod
     def of(cls, body: Body) -> Packed:
@@ -46,7 +44,10 @@ class Packed:
         return result
 
 
-Index = kopf.Index[Key, Packed]
+class Cached(Protocol):
+    """Objects by the key of the GuardedCronJob they belong to (handlers/caches.py)."""
+
+    def get(self, key: Key) -> Iterable[Packed]: ...
 
 
 def trimmed(body: Mapping[str, Any], *, keep_spec: bool = True,
@@ -105,16 +106,14 @@ def index_pod(body: Body) -> dict[Key, Packed]:
     return {key: Packed.of(trimmed(body, keep_spec=False))} if key is not None else {}
 
 
-def lookup(index: Index, key: Key) -> Body | None:
-    store = index.get(key)
-    packed = next(iter(store), None) if store is not None else None
+def lookup(cached: Cached, key: Key) -> Body | None:
+    packed = next(iter(cached.get(key)), None)
     return packed.unpack() if packed is not None else None
 
 
-def newest_indexed_at(index: Index, key: Key) -> float | None:
-    """When the newest of the objects indexed under `key` was indexed; None if none is."""
-    store = index.get(key)
-    return max((packed.indexed_at for packed in store), default=None) if store is not None else None
+def newest_stored_at(cached: Cached, key: Key) -> float | None:
+    """When the newest of the objects cached under `key` was stored; None if none is."""
+    return max((packed.stored_at for packed in cached.get(key)), default=None)
 
 
 def gcj_key(body: Body) -> Key:
@@ -123,11 +122,11 @@ def gcj_key(body: Body) -> Key:
     return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
-def observe(gcj: Body, cronjob: Body | None, *, jobs: Index, pods: Index) -> Observed:
+def observe(gcj: Body, cronjob: Body | None, *, jobs: Cached, pods: Cached) -> Observed:
     key = gcj_key(gcj)
-    owned_jobs = [packed.unpack() for packed in jobs.get(key) or ()]
+    owned_jobs = [packed.unpack() for packed in jobs.get(key)]
     by_job: dict[str, list[Body]] = {}
-    for pod in (packed.unpack() for packed in pods.get(key) or ()):
+    for pod in (packed.unpack() for packed in pods.get(key)):
         job_name = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_JOB_NAME)
         if isinstance(job_name, str):
             by_job.setdefault(job_name, []).append(pod)

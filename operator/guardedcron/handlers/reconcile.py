@@ -14,20 +14,21 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
 from guardedcron import contract
+from guardedcron.handlers.caches import RETRY_SECONDS, Caches, ObjectCache, PassQueue
 from guardedcron.handlers.context import OperatorContext
 from guardedcron.handlers.handled import HandledEssences, ProgressAnnotations
 from guardedcron.handlers.observe import (
     Body,
-    Index,
+    Cached,
     Key,
     gcj_key,
     lookup,
-    newest_indexed_at,
+    newest_stored_at,
     observe,
     owner_key,
     trimmed,
@@ -84,6 +85,7 @@ NOT_OWNED_RETRY_SECONDS = 60
 # informers page the same way): one answer of 10,000 objects is one long request for the
 # API server, held in memory whole.
 LIST_CHUNK_SIZE = 500
+IDLE_SECONDS = 0.5
 
 
 async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
@@ -100,7 +102,7 @@ async def reconcile(observed: Observed, context: OperatorContext, now: datetime,
 async def execute(plan: Plan, gcj: Body, context: OperatorContext, now: datetime,
                   logger: Logger) -> PassResult:
     """Perform each action of `plan` in order and send it the result. An exception the
-    plan raises (a request to retry) leaves the pass as kopf's handlers do: kopf retries."""
+    plan raises (a request to retry) ends the pass; it runs again later."""
     answer: Any = None
     try:
         while True:
@@ -189,8 +191,8 @@ async def post_event(client: KubeClient, body: Mapping[str, Any], logger: Logger
 
 async def run_pass(gather: Callable[[], Observed], *, uid: str, context: OperatorContext,
                    logger: Logger) -> PassResult:
-    """Gather and reconcile under the GuardedCronJob's lock: passes for one object from
-    different watches run one after the other, each on the latest indexed state. At most
+    """Gather and reconcile under the GuardedCronJob's lock: passes for one object run
+    one after the other, each on the latest cached state. At most
     `context.passes` run at once; the slot is taken before the lock, always in that
     order, so whoever holds a lock holds a slot and gets on with its pass."""
     async with context.passes, context.memory.lock(uid):
@@ -202,124 +204,149 @@ async def run_pass(gather: Callable[[], Observed], *, uid: str, context: Operato
                 return await reconcile(observed, context, context.clock(), logger)
         except Exception as error:
             await _say_failure(observed.gcj, error, context, logger)
-            raise  # kopf logs it and retries the pass
+            raise  # logged, and the pass runs again
 
 
 async def _say_failure(gcj: Body, error: Exception, context: OperatorContext, logger: Logger) -> None:
     """A pass that raised, as an Event on its GuardedCronJob: once per error and process,
     not once per retry; not for an object deleted under the pass (404)."""
     if not isinstance(error, NotFound) and context.memory.first_time(uid_of(gcj), f"failed\n{error}"):
-        event = RunEvent(EventReason.RECONCILE_FAILED, f"A pass failed; kopf retries it: {error}",
+        event = RunEvent(EventReason.RECONCILE_FAILED, f"A pass failed; it runs again: {error}",
                          subject=str(error))
         await post_event(context.client, build_event(gcj, event, context.clock()), logger)
 
 
 # --- what the decorated handlers call ------------------------------------------------
 
-async def reconcile_guarded_cronjob(
-    body: Body, *, context: OperatorContext, cronjobs: Index,
-    jobs: Index, pods: Index,
-    logger: Logger,
-) -> None:
-    """Create, update or resume of a GuardedCronJob."""
-    gcj = trimmed(body)
-    key = gcj_key(gcj)
-    cronjob = lookup(cronjobs, key)
+def queue_pass(body: Body, *, queue: PassQueue) -> None:
+    """Create, update or resume of a GuardedCronJob, or its catch-up timer: queue its pass."""
+    queue.add(gcj_key(body))
+
+
+def store_guarded_cronjob(event: Mapping[str, Any], *, context: OperatorContext, caches: Caches,
+                          handled: HandledEssences) -> None:
+    """Every event of a GuardedCronJob: keep the cache current; a deletion also drops what
+    the operator keeps about it."""
+    body = event["object"]
+    if event.get("type") == "DELETED":
+        caches.guarded_cronjobs.delete(body)
+        forget_deleted(body, context=context, handled=handled)
+    else:
+        caches.guarded_cronjobs.store(body)
+
+
+async def run_queued_pass(key: Key, *, context: OperatorContext, caches: Caches,
+                          settings: kopf.OperatorSettings) -> float | None:
+    """The pass for `key` from the caches, logged as kopf logs an object's handlers.
+    Returns after how long to run it again, if it must be: RETRY_SECONDS after an error,
+    NOT_OWNED_RETRY_SECONDS while a CronJob of that name is someone else's."""
+    gcj = lookup(caches.guarded_cronjobs, key)
+    if gcj is None or (gcj.get("metadata") or {}).get("deletionTimestamp"):
+        return None  # deleted meanwhile, or being deleted
+    logger = kopf.LocalObjectLogger(body=cast(kopf.Body, gcj), settings=settings)
+    cronjob = lookup(caches.cronjobs, key)
     if cronjob is None:
-        # The index holds only CronJobs labelled as guardedcron's: ask whether another
+        # The cache holds only CronJobs labelled as guardedcron's: ask whether another
         # object holds the name before applying over it.
         cronjob = await _get_or_none(context.client, key)
-    uid = uid_of(gcj)
-    result = await run_pass(
-        lambda: observe(gcj, lookup(cronjobs, key) or cronjob, jobs=jobs, pods=pods),
-        uid=uid, context=context, logger=logger)
+    found = cronjob
+    try:
+        result = await run_pass(
+            lambda: observe(lookup(caches.guarded_cronjobs, key) or gcj,
+                            lookup(caches.cronjobs, key) or found, jobs=caches.jobs, pods=caches.pods),
+            uid=uid_of(gcj), context=context, logger=logger)
+    except NotFound:
+        # Its status is gone: the GuardedCronJob was deleted while no watch said so (a
+        # re-listing after the watch's window closed). Nothing to run again.
+        logger.info("Gone from the API server; forgotten.")
+        caches.guarded_cronjobs.delete(gcj)
+        context.memory.forget(uid_of(gcj))
+        forget_metrics(context.metrics, namespace=key[0], name=key[1])
+        return None
+    except Exception:
+        logger.exception(f"The pass failed; it runs again in {RETRY_SECONDS:.0f} s.")
+        return RETRY_SECONDS
     if result.not_owned:
-        raise kopf.TemporaryError(result.apply_error or "CronJob not owned",
-                                  delay=NOT_OWNED_RETRY_SECONDS)
+        logger.error(f"{result.apply_error}; trying again in {NOT_OWNED_RETRY_SECONDS} s.")
+        return NOT_OWNED_RETRY_SECONDS
+    return None
 
 
-async def repair_cronjob(
-    event: Mapping[str, Any], *, context: OperatorContext,
-    guarded_cronjobs: Index, cronjobs: Index, jobs: Index,
-    pods: Index, logger: Logger,
-) -> None:
-    """An owned CronJob was added, changed or deleted: reconcile its GuardedCronJob, which
-    repairs a CronJob edited or deleted by hand (and sees the CronJob's own status)."""
-    cronjob = trimmed(event["object"])
-    key = gcj_key(cronjob)  # the CronJob has the GuardedCronJob's name
+async def repair_cronjob(event: Mapping[str, Any], *, context: OperatorContext, caches: Caches,
+                         queue: PassQueue) -> None:
+    """An owned CronJob was added, changed or deleted: queue its GuardedCronJob's pass,
+    which repairs a CronJob edited or deleted by hand (and sees the CronJob's own status)."""
+    body = event["object"]
     deleted = event.get("type") == "DELETED"
-    parent = lookup(guarded_cronjobs, key)
+    if deleted:
+        caches.cronjobs.delete(body)
+    else:
+        caches.cronjobs.store(body)
+    key = gcj_key(body)  # the CronJob has the GuardedCronJob's name
+    parent = lookup(caches.guarded_cronjobs, key)
     if parent is not None and deleted:
         # The garbage collector deletes the CronJob once its owner is gone, and the two
-        # watches may deliver that in either order: ask the API server, not the index.
+        # watches may deliver that in either order: ask the API server, not the cache.
         parent = await _get_or_none(context.client, key, GUARDED_CRONJOBS)
     if parent is None or (parent.get("metadata") or {}).get("deletionTimestamp"):
         return
     uid = uid_of(parent)
-    if not deleted and not controlled_by(cronjob, uid):
+    if not deleted and not controlled_by(body, uid):
         return  # not this GuardedCronJob's CronJob; its own pass reports the clash
-    if _listed_and_seen(event.get("type"), uid, context, (cronjobs,), key):
-        return
-    found = parent
-    await run_pass(
-        lambda: observe(lookup(guarded_cronjobs, key) or found, None if deleted else cronjob,
-                        jobs=jobs, pods=pods),
-        uid=uid, context=context, logger=logger)
+    if not _listed_and_seen(event.get("type"), uid, context, (caches.cronjobs,), key):
+        queue.add(key)
 
 
-async def refresh_run_status(
-    body: Body, *, context: OperatorContext, guarded_cronjobs: Index,
-    cronjobs: Index, jobs: Index, pods: Index,
-    logger: Logger, event_type: str | None = "MODIFIED",
-) -> None:
-    """A Job or Pod of a GuardedCronJob changed (`event_type` None: it was listed):
-    recompute the run status. Only with the GuardedCronJob's own CronJob in the index:
+def refresh_run_status(event: Mapping[str, Any], cache: ObjectCache, *, context: OperatorContext,
+                       caches: Caches, queue: PassQueue) -> None:
+    """A Job or Pod of a GuardedCronJob changed (event type None: it was listed): queue a
+    pass to recompute the run status. Only with the GuardedCronJob's own CronJob cached:
     a missing or foreign CronJob is the GuardedCronJob's and the CronJob watch's business."""
+    body = event["object"]
+    event_type = event.get("type")
+    if event_type == "DELETED":
+        cache.delete(body)
+    else:
+        cache.store(body)
     key = owner_key(body)
     if key is None:
         return
-    parent = lookup(guarded_cronjobs, key)
-    cronjob = lookup(cronjobs, key)
+    parent = lookup(caches.guarded_cronjobs, key)
+    cronjob = lookup(caches.cronjobs, key)
     if parent is None or cronjob is None or (parent.get("metadata") or {}).get("deletionTimestamp"):
         return
     uid = uid_of(parent)
-    if not controlled_by(cronjob, uid) or _listed_and_seen(event_type, uid, context, (jobs, pods), key):
-        return
-    found = parent
-    await run_pass(
-        lambda: observe(lookup(guarded_cronjobs, key) or found, lookup(cronjobs, key),
-                        jobs=jobs, pods=pods),
-        uid=uid, context=context, logger=logger)
+    if controlled_by(cronjob, uid) and not _listed_and_seen(event_type, uid, context,
+                                                            (caches.jobs, caches.pods), key):
+        queue.add(key)
 
 
 def _listed_and_seen(event_type: str | None, uid: str, context: OperatorContext,
-                     indexes: tuple[Index, ...], key: Key) -> bool:
+                     cached: tuple[Cached, ...], key: Key) -> bool:
     """A child (CronJob, Job, Pod) from a watch's listing (kopf marks listed objects with
-    no event type) that a pass of its GuardedCronJob reads, or has read, from the index:
+    no event type) that a pass of its GuardedCronJob reads, or has read, from the cache:
     a pass for the child would only repeat it. At start-up every GuardedCronJob gets its
-    own pass (kopf's resume or create) once every index is filled, so a restart over N
-    GuardedCronJobs makes N passes, not one more per listed CronJob, Job and Pod. A later
-    listing (a watch that had to start over) indexes children anew, after the last pass:
-    those still get theirs, so a child changed in the gap is seen."""
+    own pass (kopf's resume or create), so a restart over N GuardedCronJobs makes N
+    passes, not one more per listed CronJob, Job and Pod. A later listing (a watch that
+    had to start over) stores children anew, after the last pass: those still get
+    theirs, so a child changed in the gap is seen."""
     if event_type is not None:
         return False
     started = context.memory.last_pass_started(uid)
     if started is None:
-        return True  # its first pass is still to come, and will read the index
-    # Any child indexed under the key after the pass started (this one, re-listed): pass.
-    indexed = [at for index in indexes if (at := newest_indexed_at(index, key)) is not None]
-    return bool(indexed) and max(indexed) <= started
+        return True  # its first pass is still to come, and will read the cache
+    # Any child stored under the key after the pass started (this one, re-listed): pass.
+    stored = [at for one in cached if (at := newest_stored_at(one, key)) is not None]
+    return bool(stored) and max(stored) <= started
 
 
-def forget_deleted(event: Mapping[str, Any], *, context: OperatorContext, handled: HandledEssences) -> None:
+def forget_deleted(body: Body, *, context: OperatorContext, handled: HandledEssences) -> None:
     """Drop what the operator keeps about a deleted GuardedCronJob (lock, last status,
     metric series, the essence kopf last handled)."""
-    if event.get("type") == "DELETED":
-        body = event["object"]
-        namespace, name = gcj_key(body)
-        context.memory.forget(uid_of(body))
-        handled.forget(body)
-        forget_metrics(context.metrics, namespace=namespace, name=name)
+    namespace, name = gcj_key(body)
+    context.memory.forget(uid_of(body))
+    handled.forget(body)
+    forget_metrics(context.metrics, namespace=namespace, name=name)
 
 
 async def login(client: KubeClient, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
@@ -346,6 +373,9 @@ def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool, handled
     # the namespace-scoped install grants none.
     settings.scanning.disabled = namespaced
     settings.watching.chunk_size = LIST_CHUNK_SIZE
+    # kopf's worker for an object keeps its last event until it ends, IDLE_SECONDS after it:
+    # the event is in the caches by then, and at start every listed object has one.
+    settings.queueing.idle_timeout = IDLE_SECONDS
 
 
 async def _get_or_none(client: KubeClient, key: Key, resource: Resource = CRONJOBS) -> Body | None:

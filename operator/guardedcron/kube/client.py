@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -36,7 +36,7 @@ CONNECTIONS = 32  # to one API server; kopf's watches have their own session
 # before doing anything, with Retry-After: the request is sent again after that many
 # seconds (at most BUSY_WAIT_MAX_SECONDS, plus up to a second of jitter so that the
 # rejected requests do not all come back at once), at most BUSY_RETRIES times; then the
-# 429 goes to the caller (kopf retries the pass). One call waits at most
+# 429 goes to the caller (the pass runs again). One call waits at most
 # BUSY_RETRIES * (BUSY_WAIT_MAX_SECONDS + 1) = 110 s for a busy server.
 BUSY_RETRIES = 10
 BUSY_WAIT_MAX_SECONDS = 10.0
@@ -93,20 +93,25 @@ class KubeClient:
         result: dict[str, Any] = await self._request("GET", resource.path(namespace, name))
         return result
 
-    async def list(self, resource: Resource, namespace: str | None = None, *,
-                   label_selector: str | None = None) -> list[dict[str, Any]]:
-        """Every object, page by page; `namespace` None lists across all namespaces."""
-        items: list[dict[str, Any]] = []
+    async def pages(self, resource: Resource, namespace: str | None = None, *,
+                    label_selector: str | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+        """Every object, one page (LIST_PAGE_SIZE objects) at a time."""
         params: dict[str, str] = {"limit": str(LIST_PAGE_SIZE)}
         if label_selector:
             params["labelSelector"] = label_selector
         while True:
             page = await self._request("GET", resource.path(namespace), params=params)
-            items.extend(page.get("items") or ())
+            yield list(page.get("items") or ())
             token = (page.get("metadata") or {}).get("continue")
             if not token:
-                return items
+                return
             params["continue"] = token
+
+    async def list(self, resource: Resource, namespace: str | None = None, *,
+                   label_selector: str | None = None) -> list[dict[str, Any]]:
+        """Every object; `namespace` None lists across all namespaces."""
+        return [item async for page in self.pages(resource, namespace, label_selector=label_selector)
+                for item in page]
 
     async def apply(self, resource: Resource, body: Mapping[str, Any], *,
                     field_manager: str = contract.FIELD_MANAGER) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def delete_if_lock_forbidden(cronjob: Mapping[str, Any], *, namespace: str, sett
         if result.code == 404:
             return True, []
         if not result.permanent:
-            raise result.error  # kopf retries the pass with backoff
+            raise result.error  # the pass runs again later
         return False, [RunEvent(EventReason.LOCK_NOT_ALLOWED,
                                 f"CronJob {name} must go, {why}; deleting it failed: {result.error}",
                                 subject=f"{why}\n{result.error}")]

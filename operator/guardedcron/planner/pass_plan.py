@@ -123,7 +123,7 @@ def plan_pass(view: PassView) -> Plan:
                     yield Log(DEBUG, f"Not applying CronJob {name}: its namespace is being deleted.")
                     return PassResult(applied=False, status_written=False, apply_error=None)
                 if not result.permanent:
-                    raise result.error  # kopf retries with backoff
+                    raise result.error  # the pass runs again later
                 apply_error = result.message
                 trouble = _trouble(gcj, EventReason.CRONJOB_REJECTED,
                                    f"The API server refused CronJob {name}: {result.error}")
@@ -153,7 +153,7 @@ def plan_pass(view: PassView) -> Plan:
         yield Log(WARNING if change.changed else DEBUG, trouble.message)
     if change.changed:
         yield PatchStatus(namespace, name, change.patch(), change.status)
-    # After the write: a pass whose write failed counts nothing (kopf retries it, and the
+    # After the write: a pass whose write failed counts nothing (it runs again, and the
     # retry sees the same transitions). An unchanged status has none, only gauges.
     yield RecordChanges(namespace, name, change.metrics)
     said = [trouble] if trouble is not None and change.changed else []

@@ -216,7 +216,7 @@ def _start_slot_job(cronjob: Body, target: _Slot, kind: str, attempt: int,
     result = yield CreateJob(namespace, job)
     if isinstance(result, Refused):
         if result.code is None:
-            raise result.error  # no answer: kopf retries the pass
+            raise result.error  # no answer: the pass runs again
         if result.code == 409:
             yield Log(INFO, f"Job {name} for {target.shown} already exists.")
             return _Attempt(made=True)

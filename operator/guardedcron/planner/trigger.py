@@ -75,7 +75,7 @@ def plan_trigger(gcj: Body, cronjob: Body | None, previous_status: Mapping[str, 
     result = yield CreateJob(namespace, job)
     if isinstance(result, Refused):
         if result.code is None:
-            raise result.error  # no answer: kopf retries the pass
+            raise result.error  # no answer: the pass runs again
         if result.code == 409:
             yield Log(INFO, f"Job {name} for trigger token {token!r} already exists.")
             return TriggerResult(handled=token)

@@ -70,7 +70,7 @@ class EventReason(StrEnum):
     SPEC_INVALID = "SpecInvalid"
     CRONJOB_REJECTED = "CronJobRejected"
     CRONJOB_NOT_OWNED = "CronJobNotOwned"
-    # A pass raised and kopf retries it: said once per error (and operator process).
+    # A pass raised and runs again later: said once per error (and operator process).
     RECONCILE_FAILED = "ReconcileFailed"
 
 
