@@ -37,7 +37,7 @@ class _Remembered:
     """What PassMemory keeps of one GuardedCronJob."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    started: float | None = None  # when the latest pass read the indexes (`time.monotonic()`)
+    started: float | None = None  # when the latest pass read the caches (`time.monotonic()`)
     # Packed: a parsed status costs a few KiB per object for as long as the process runs.
     written: Packed | None = None
     done: set[str] | None = None  # first_time's actions (rare: made on the first)
@@ -66,11 +66,11 @@ class PassMemory:
         return self._of(uid).lock
 
     def pass_starting(self, uid: str) -> None:
-        """A pass is about to read the indexes (under the lock)."""
+        """A pass is about to read the caches (under the lock)."""
         self._of(uid).started = time.monotonic()
 
     def last_pass_started(self, uid: str) -> float | None:
-        """When the latest pass in this process read the indexes (`time.monotonic()`)."""
+        """When the latest pass in this process read the caches (`time.monotonic()`)."""
         remembered = self._objects.get(uid)
         return remembered.started if remembered is not None else None
 
