@@ -132,6 +132,10 @@ def test_a_win_whose_files_cannot_be_written_is_released_and_said(
         assert secret not in result.stdout + result.stderr + log.read_text()
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("command", [BASE, ["release", "--lock", "j", "--holder", "a", "--fence", "1"]],
                          ids=["acquire", "release"])
 def test_sigint_ends_a_command_in_one_line_with_its_exit_code(command: list[str], tmp_path: Path) -> None:
@@ -146,8 +150,11 @@ def test_sigint_ends_a_command_in_one_line_with_its_exit_code(command: list[str]
         env = {k: v for k, v in os.environ.items() if k != "GUARDEDCRON_DSN"}
         env["GUARDEDCRON_DSN"] = f"postgresql://jobs:Hunter2-sEcReT@127.0.0.1:{port}/db"
         env["GUARDEDCRON_TERMINATION_LOG"] = str(log)
+        # SIGINT at its default in the guard, as at a terminal: a suite started in the
+        # background by a non-interactive shell has it ignored, and children inherit that.
         proc = subprocess.Popen([GUARDEDCRON, *command, "--connect-timeout", "30"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=default_sigint)
         try:
             accepted, _ = server.accept()  # the guard is connecting
             with accepted:

@@ -37,9 +37,8 @@ from tests.node.user_path import (
     wait_for,
     workload_container,
 )
-from tests.packaging.test_chart import restricted_violations
 from tests.support import REPO
-from tests.support.chart import CHART, helm
+from tests.support.chart import CHART, helm, restricted_violations
 
 # The last chart that landed before lock names changed the CRD (spec.lease.sharedLock).
 PREVIOUS_CHART = "9217f81"

@@ -22,6 +22,7 @@ from tests.support.chart import (
     helm,
     one,
     render,
+    restricted_violations,
     template,
 )
 
@@ -307,50 +308,3 @@ def test_readme_defaults_match_values() -> None:
 def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     return {var["name"]: var.get("value", var.get("valueFrom")) for var in container["env"]}
-
-
-RESTRICTED_VOLUME_TYPES = {
-    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
-    "persistentVolumeClaim", "projected", "secret",
-}
-
-
-def restricted_violations(pod: dict[str, Any]) -> list[str]:
-    """The Pod Security Standard 'restricted' profile (plus our read-only root), as a list."""
-    found = []
-    pod_context = pod.get("securityContext", {})
-    for flag in ("hostNetwork", "hostPID", "hostIPC"):
-        if pod.get(flag):
-            found.append(f"pod: {flag}")
-    for volume in pod.get("volumes", []):
-        kinds = set(volume) - {"name"}
-        if not kinds <= RESTRICTED_VOLUME_TYPES:
-            found.append(f"volume {volume['name']}: type {kinds}")
-    containers = pod.get("initContainers", []) + pod["containers"]
-    for container in containers:
-        context = container.get("securityContext", {})
-        name = container["name"]
-
-        def setting(key: str, context: dict[str, Any] = context) -> Any:
-            return context.get(key, pod_context.get(key))
-
-        if setting("runAsNonRoot") is not True:
-            found.append(f"{name}: runAsNonRoot")
-        if setting("runAsUser") == 0:
-            found.append(f"{name}: runAsUser 0")
-        if (setting("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
-            found.append(f"{name}: seccompProfile")
-        if context.get("allowPrivilegeEscalation") is not False:
-            found.append(f"{name}: allowPrivilegeEscalation")
-        capabilities = context.get("capabilities", {})
-        if "ALL" not in capabilities.get("drop", []):
-            found.append(f"{name}: capabilities.drop ALL")
-        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
-            found.append(f"{name}: capabilities.add")
-        if context.get("privileged"):
-            found.append(f"{name}: privileged")
-        if context.get("readOnlyRootFilesystem") is not True:
-            found.append(f"{name}: readOnlyRootFilesystem")
-        if any(port.get("hostPort") for port in container.get("ports", [])):
-            found.append(f"{name}: hostPort")
-    return found

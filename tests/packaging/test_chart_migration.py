@@ -14,8 +14,17 @@ import pytest
 
 from guardedcron import contract
 from guardedcron.builders.guard import ENV_LIBPQ_ROOT_CERT, TLS_SECRET_MODE
-from tests.packaging.test_chart import KUBERNETES_VERSIONS, restricted_violations
-from tests.support.chart import CHART, RELEASE_NAMESPACE, by_kind, helm, one, render, template
+from tests.packaging.test_chart import KUBERNETES_VERSIONS
+from tests.support.chart import (
+    CHART,
+    RELEASE_NAMESPACE,
+    by_kind,
+    helm,
+    one,
+    render,
+    restricted_violations,
+    template,
+)
 
 ENABLED: dict[str, Any] = {"migration": {"enabled": True, "databaseSecretRef": {"name": "jobs-db"}}}
 WITH_CA: dict[str, Any] = {"migration": {
