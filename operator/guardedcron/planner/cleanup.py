@@ -13,6 +13,7 @@ Standard forbids. Deleting the pod goes through the kubelet's ordinary terminati
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from logging import DEBUG, INFO
 from typing import Any
 
 from guardedcron.planner.actions import Action, DeleteJob, DeletePod, Log, Refused
@@ -22,7 +23,6 @@ from guardedcron.status import EventReason, RunEvent
 from guardedcron.status.lease_loss import StopOrder
 from guardedcron.status.skips import SkippedJob
 
-DEBUG, INFO = 10, 20
 NOT_ALLOWED = ("this operator may not delete pods: enable it with the chart value "
                f"stopWorkload.enabled=true ({ENV_STOP_WORKLOAD}=true), which grants "
                "`delete` on pods")

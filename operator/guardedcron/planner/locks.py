@@ -15,6 +15,7 @@ usual graceful termination).
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping
+from logging import INFO
 from typing import Any
 
 from guardedcron.builders import locks_in_cronjob
@@ -26,7 +27,6 @@ from guardedcron.spec.locks import may_use, shared_lock_refusal
 from guardedcron.spec.settings import SHARED_LOCKS_SETTING, Settings
 from guardedcron.status import EventReason, RunEvent
 
-INFO = 20
 SHARED_LOCK_FIELD = "spec.lease.sharedLock"
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from dataclasses import replace
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
 from guardedcron import contract
@@ -54,7 +55,6 @@ from guardedcron.status.history import known_records, newest_first
 from guardedcron.status.suspension import SuspensionDecision
 
 Plan = Generator[Action, Any, PassResult]
-DEBUG, INFO, WARNING = 10, 20, 30
 
 
 def plan_pass(view: PassView) -> Plan:

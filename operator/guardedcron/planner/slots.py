@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from logging import INFO
 from typing import Any
 
 from guardedcron import contract
@@ -30,7 +31,6 @@ from guardedcron.status.skipped import by_skipped_key, plan_skipped_times
 from guardedcron.status.suspension import SuspensionDecision, decide_suspension
 from guardedcron.status.times import epoch_minute, format_time, parse_time
 
-INFO = 20
 # How often a GuardedCronJob with catch-up, a backfill or skipped times to run gets a pass of its own (kopf
 # timer), besides those its objects' events start: the longest a missed slot or a due
 # retry waits for a pass (docs/design.md, "Bounded waits").

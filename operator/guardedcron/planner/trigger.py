@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
+from logging import DEBUG, INFO
 from typing import Any
 
 from guardedcron import contract
@@ -25,8 +26,6 @@ from guardedcron.objects import controlled_by, get_path, uid_of
 from guardedcron.planner.actions import Action, Body, CreateJob, Log, Refused
 from guardedcron.planner.once import Once
 from guardedcron.status import EventReason, RunEvent
-
-DEBUG, INFO = 10, 20
 
 
 @dataclass(frozen=True)
