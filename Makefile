@@ -20,8 +20,10 @@ $(VENV)/.installed: pyproject.toml operator/devenv/pyproject.toml .ci/bootstrap
 demo: setup
 	$(BIN)/guardedcron demo
 
+# The suite in lanes side by side (operator/devenv/guardedcron_devenv/suite.py);
+# with PYTEST_ARGS, one pytest session with those arguments.
 test: setup lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m guardedcron_devenv.suite $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check operator tests bench

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import compileall
 import json
+import os
 import socket
 import sys
 import uuid
@@ -16,6 +17,7 @@ import pytest
 
 from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.suite import REPORT_ENV
 from guardedcron_devenv.toxiproxy import Toxiproxy
 from tests.support.suite_order import QUIET_MACHINE_MARKER, quiet_checks_first_e2e_last
 from tests.support.tls import Certificates, make_certificates
@@ -42,6 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # --- where the suite's time goes: one line per tier at the end of every run -----------
 TIER_SECONDS: dict[str, float] = {}
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -54,6 +57,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("time per tier (set-up, call and tear-down)")
         for tier, seconds in sorted(TIER_SECONDS.items(), key=lambda item: -item[1]):
             terminalreporter.write_line(f"{seconds:8.0f} s  {tier}")
+    if report := os.environ.get(REPORT_ENV):  # a lane of `make test` (guardedcron_devenv.suite)
+        counts = {kind: len(reports) for kind, reports in terminalreporter.stats.items()
+                  if kind in OUTCOMES}
+        Path(report).write_text(json.dumps({"counts": counts, "tier_seconds": TIER_SECONDS}))
 
 
 @pytest.fixture(scope="session")
