@@ -58,11 +58,15 @@ def test_lanes_run_side_by_side_and_each_keeps_its_own_exit_code(
             "        time.sleep(0.05)\n")
     (tmp_path / "test_ok.py").write_text(meet + "def test_ok():\n    meet('ok', 'bad')\n")
     (tmp_path / "test_bad.py").write_text(meet + "def test_bad():\n    meet('bad', 'ok')\n    assert False\n")
+    (tmp_path / "test_slow.py").write_text("import time\ndef test_slow():\n    time.sleep(5)\n")
     (tmp_path / "reports").mkdir()
-    lanes = [Lane("ok", ("test_ok.py",), marker_args=()), Lane("bad", ("test_bad.py",), marker_args=()),
+    lanes = [Lane("slow", ("test_slow.py",), marker_args=()),
+             Lane("ok", ("test_ok.py",), marker_args=()), Lane("bad", ("test_bad.py",), marker_args=()),
              Lane("none", ("test_ok.py",), marker_args=("-k", "nothing_by_this_name"))]
-    outcomes = run_lanes(lanes, tmp_path, tmp_path / "reports")
+    slow, *outcomes = run_lanes(lanes, tmp_path, tmp_path / "reports")
     assert [(o.lane, o.exit_code) for o in outcomes] == [("ok", 0), ("bad", 1), ("none", NO_TESTS_COLLECTED)]
+    # Each lane's time is its own, not the time until the lane before it ended.
+    assert slow.exit_code == 0 and max(o.seconds for o in outcomes) < slow.seconds
     printed = capsys.readouterr().out.splitlines()
     assert any(line.startswith(" bad | ") and "test_bad.py F" in line for line in printed)
     assert any(line.startswith("  ok | ") and "1 passed" in line for line in printed)

@@ -73,33 +73,43 @@ def run_lanes(lanes: Sequence[Lane], repo: Path, report_dir: Path) -> list[Outco
     """Start every lane at once; print their lines as they come; wait for all."""
     printing = threading.Lock()
     width = max(len(lane.name) for lane in lanes)
-    started: list[tuple[Lane, subprocess.Popen[str], float, threading.Thread]] = []
+    relays: list[tuple[Lane, _Relay]] = []
     for lane in lanes:
-        report = report_dir / f"{lane.name}.json"
         process = subprocess.Popen(
             # -u: lines arrive as pytest writes them (not a child's environment change).
             [sys.executable, "-u", "-m", "pytest", *lane.pytest_args()],
             cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, REPORT_ENV: str(report)},
+            env={**os.environ, REPORT_ENV: str(report_dir / f"{lane.name}.json")},
         )
-        relay = threading.Thread(target=_relay, args=(process, lane.name.rjust(width), printing))
+        relay = _Relay(process, lane.name.rjust(width), printing)
         relay.start()
-        started.append((lane, process, time.monotonic(), relay))
+        relays.append((lane, relay))
     outcomes = []
-    for lane, process, began, relay in started:
-        exit_code = process.wait()
-        seconds = time.monotonic() - began
+    for lane, relay in relays:
         relay.join()
-        outcomes.append(read_outcome(lane.name, exit_code, seconds, report_dir / f"{lane.name}.json"))
+        outcomes.append(read_outcome(lane.name, relay.exit_code, relay.seconds,
+                                     report_dir / f"{lane.name}.json"))
     return outcomes
 
 
-def _relay(process: subprocess.Popen[str], prefix: str, printing: threading.Lock) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        with printing:
-            sys.stdout.write(f"{prefix} | {line}")
-            sys.stdout.flush()
+class _Relay(threading.Thread):
+    """Prints one lane's lines with its prefix; then notes its exit code and duration."""
+
+    def __init__(self, process: subprocess.Popen[str], prefix: str, printing: threading.Lock) -> None:
+        super().__init__()
+        self.process, self.prefix, self.printing = process, prefix, printing
+        self.began = time.monotonic()
+        self.exit_code = -1
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self.printing:
+                sys.stdout.write(f"{self.prefix} | {line}")
+                sys.stdout.flush()
+        self.exit_code = self.process.wait()
+        self.seconds = time.monotonic() - self.began
 
 
 def read_outcome(lane: str, exit_code: int, seconds: float, report: Path) -> Outcome:
