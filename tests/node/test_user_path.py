@@ -11,25 +11,32 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 
 from guardedcron import contract
-from guardedcron.guard.migrations import LATEST_VERSION
+from guardedcron.guard.migrations import LATEST_VERSION, migrate
 from guardedcron_devenv.docker_engine import DockerEngine
 from guardedcron_devenv.image import BuiltImage
-from guardedcron_devenv.node_images import ImageFile, build_image_archive, busybox_files
+from guardedcron_devenv.node_images import BUSYBOX_IMAGE, ImageFile, build_image_archive, busybox_files
+from guardedcron_devenv.pki import make_ca, make_leaf
 from guardedcron_devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.registry import LocalRegistry
+from guardedcron_devenv.release import package_chart
 from tests.node.cluster import NODE_TEST_TIMEOUT_SECONDS, POD_SUBNET, NodeCluster
 from tests.node.user_path import (
+    PULL_SECRET,
     RELEASE,
     RESTRICTED,
+    RESTRICTED_CONTAINER,
     SYSTEM_NAMESPACE,
     WORKLOAD_CONTAINER,
     UserPath,
     build_workload_image,
     guarded_cronjob,
     install_chart,
+    install_previous_chart,
     migration_values,
     prepare_database,
     previous_chart,
@@ -56,16 +63,23 @@ def user_path(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[UserPath]:
     workload = build_workload_image(docker_engine, node_image.tag, tmp_path_factory.mktemp("workload"))
+    # The node gets the user's workload image by import; the guardedcron image, under its
+    # registry name, only by pulling it (the import here serves the previous chart).
     for tag in (node_image.tag, workload):
         node_cluster.node.import_saved_image(docker_engine.command("save", tag), docker_engine.env())
-    with ThrowawayPostgres(client_networks=[POD_SUBNET]) as db:
+    with (
+        ThrowawayPostgres(client_networks=[POD_SUBNET]) as db,
+        LocalRegistry(tmp_path_factory.mktemp("registry")) as registry,
+    ):
         prepare_database(db)
-        path = UserPath(node_cluster, db, node_image)
+        path = UserPath(node_cluster, db, node_image, registry, registry.push(docker_engine, node_image.tag),
+                        package_chart(REPO, tmp_path_factory.mktemp("chart")))  # fmt: skip
         path.kubectl("create", "namespace", SYSTEM_NAMESPACE)
         path.kubectl("label", "namespace", SYSTEM_NAMESPACE, RESTRICTED)
+        path.add_pull_secret(SYSTEM_NAMESPACE)
         # The upgrade path first: the previous chart, one object, then this chart over it
         # (test_helm_upgrade_from_the_previous_chart_keeps_objects_and_serves_new_fields).
-        install_chart(path, previous_chart(PREVIOUS_CHART, tmp_path_factory.mktemp("previous")))
+        install_previous_chart(path, previous_chart(PREVIOUS_CHART, tmp_path_factory.mktemp("previous")))
         path.team_namespace(UPGRADED_NAMESPACE)
         path.apply(guarded_cronjob("before-upgrade", UPGRADED_NAMESPACE))
         path.wait_cronjob(UPGRADED_NAMESPACE, "before-upgrade")
@@ -91,7 +105,8 @@ def test_the_operator_runs_as_a_restricted_pod_and_serves_metrics(user_path: Use
     ready = [c for c in pod["status"]["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] == "True", pod["status"]
     [operator] = pod["spec"]["containers"]
-    assert operator["image"].endswith(user_path.image.tag), operator["image"]
+    assert operator["image"] == user_path.pushed_image, operator["image"]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": PULL_SECRET}], pod["spec"]
     security = {**pod["spec"].get("securityContext", {}), **operator.get("securityContext", {})}
     assert security.get("runAsUser") == 65532 and security.get("readOnlyRootFilesystem") is True
     # The kubelet ran it: a container id from containerd, not a stand-in.
@@ -309,6 +324,94 @@ def test_an_unreachable_database_is_a_guard_error_and_a_missed_run(user_path: Us
                       "--type=merge", "-p", '{"spec": {"suspend": true}}')  # fmt: skip
 
 
+# The registry's access log: a manifest request by containerd that it answered.
+PULL_ANSWERED = r'"(?:GET|HEAD) /v2/guardedcron/manifests/\S+ HTTP/1.1" 200 \d+ "[^"]*" "containerd/'
+
+
+def test_run_pods_pull_the_guard_image_with_the_login_the_chart_adds(user_path: UserPath) -> None:
+    """The node's containerd asked the registry for the guardedcron image for the operator
+    and for every run pod so far (the guard's pull policy is Always), and was answered:
+    the registry answers no one without the login. In a namespace without that login's
+    Secret the same pull is refused, so the login is what lets the runs start."""
+    answered = re.findall(PULL_ANSWERED, user_path.registry.log_path.read_text())
+    assert len(answered) >= 2, "the registry logged no pull of the guardedcron image by the node"
+    namespace = user_path.team_namespace("team-nologin", pull_secret=False)
+    user_path.apply(guarded_cronjob("nologin", namespace))
+    user_path.wait_cronjob(namespace, "nologin")
+    job = f"nologin-{int(time.time() // 60) - 3}"
+    user_path.kubectl("create", "job", "--from=cronjob/nologin", job, "-n", namespace)
+
+    def refused() -> dict[str, Any] | None:
+        return next((e for e in user_path.events(namespace, "Failed")
+                     if user_path.pushed_image in e["message"]), None)  # fmt: skip
+
+    event = wait_for("the kubelet reports the guard image's pull refused", refused, timeout=120)
+    assert "401" in event["message"] or "nauthorized" in event["message"], event["message"]
+    pod = user_path.pod_of(namespace, job)
+    assert pod["spec"]["imagePullSecrets"] == [{"name": PULL_SECRET}], pod["spec"]
+    assert "initContainerStatuses" not in pod["status"] or not any(
+        "terminated" in s["state"] for s in pod["status"]["initContainerStatuses"]), pod["status"]
+    user_path.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+PLATFORM_USER_ID = 1000770000  # as OpenShift's restricted SCC assigns one per namespace
+UID_SCRIPT = 'while read -r key uid rest; do if test "$key" = Uid:; then echo "$uid"; fi; done < /proc/self/status'
+
+
+def test_a_platform_user_id_and_a_client_certificate_reach_postgres_over_verify_full(
+    user_path: UserPath, tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """guard.runAsUser null: the guard runs as the user id the pod is given, and copies
+    its client key as that user; the server requires TLS, verify-full and a client
+    certificate naming the role."""
+    gateway = user_path.cluster.network.gateway
+    folder = tmp_path_factory.mktemp("database-pki")
+    ca = make_ca(folder, "database-ca")
+    server = make_leaf(folder, "server", ca, "/CN=database", "serverAuth", (f"IP:{gateway}",))
+    with ThrowawayPostgres(client_networks=[POD_SUBNET], tls=server, client_ca=ca.cert) as tls_db:
+        client = make_leaf(folder, "client", ca, f"/CN={tls_db.superuser}", "clientAuth")
+        tls_db.create_database("leases")
+        with psycopg.connect(tls_db.socket_conninfo("leases"), autocommit=True) as conn:
+            migrate(conn)
+        namespace = user_path.team_namespace("team-tls")
+        user_path.kubectl("create", "secret", "generic", "leases-db", "-n", namespace,
+                          f"--from-literal=dsn={tls_db.dsn('leases', host=gateway)}?sslmode=verify-full")
+        user_path.kubectl("create", "secret", "generic", "database-ca", "-n", namespace,
+                          f"--from-file=ca.crt={ca.cert}")  # fmt: skip
+        user_path.kubectl("create", "secret", "tls", "database-client", "-n", namespace,
+                          f"--cert={client.cert}", f"--key={client.key}")  # fmt: skip
+        container = {"name": "task", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                     "command": ["sh", "-c", UID_SCRIPT],
+                     "securityContext": {k: v for k, v in RESTRICTED_CONTAINER.items() if k != "runAsUser"}}
+        manifest = guarded_cronjob("tls", namespace, container=container, lease={
+            "databaseSecretRef": {"name": "leases-db"},
+            "tls": {"caSecretRef": {"name": "database-ca"},
+                    "clientCertSecretRef": {"name": "database-client"}},
+        })  # fmt: skip
+        manifest["spec"]["jobTemplate"]["spec"]["template"]["spec"]["securityContext"] = {
+            "runAsUser": PLATFORM_USER_ID, "runAsGroup": PLATFORM_USER_ID}
+        user_path.apply(manifest)
+        cronjob = user_path.wait_cronjob(namespace, "tls")
+        pod_spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        [guard] = [c for c in pod_spec["initContainers"] if c["name"] == contract.GUARD_CONTAINER]
+        assert "runAsUser" not in guard["securityContext"], guard["securityContext"]
+        job = f"tls-{int(time.time() // 60) - 3}"
+        user_path.kubectl("create", "job", "--from=cronjob/tls", job, "-n", namespace)
+        finished = user_path.wait_job_finished(namespace, job)
+        pod = user_path.pod_of(namespace, job)
+        message = json.loads(terminated(pod, contract.GUARD_CONTAINER)["message"])
+        assert message["outcome"] == "acquired", (finished["status"], message)
+        assert [c["type"] for c in finished["status"]["conditions"] if c["status"] == "True"][-1] == "Complete"
+        # The workload ran as the platform's id too: the pod's, not the image's.
+        said = user_path.kubectl("logs", pod["metadata"]["name"], "-c", "task", "-n", namespace).stdout
+        assert said.strip() == str(PLATFORM_USER_ID), said
+        with psycopg.connect(tls_db.socket_conninfo("leases"), autocommit=True) as conn:
+            [(fence,)] = conn.execute("SELECT fence FROM guardedcron.leases WHERE lock_name = %s",
+                                      (f"{namespace}/tls",)).fetchall()  # fmt: skip
+        assert fence == message["fence"]
+        user_path.wait_last_run(namespace, "tls", job, "Succeeded")
+
+
 EXAMPLE = REPO / "examples" / "nightly-invoices.yaml"
 # What the example's image runs: its command, relative to the image's working folder /.
 # Ten seconds: well inside the 60 s lease, and past the keeper's first renewal.
@@ -327,6 +430,7 @@ def test_the_readme_example_applied_unchanged_frees_its_lease_when_the_run_ends(
         {"/bin/sh": "busybox", "/bin/sleep": "busybox", "/bin/echo": "busybox"}))  # fmt: skip
     secret = manifest["spec"]["lease"]["databaseSecretRef"]
     user_path.kubectl("create", "namespace", namespace)
+    user_path.add_pull_secret(namespace)  # the chart's guard.imagePullSecrets, as its NOTES say
     user_path.kubectl("create", "secret", "generic", secret["name"], "-n", namespace,
                       f"--from-literal={secret['key']}={user_path.pod_dsn}")  # fmt: skip
     user_path.kubectl("apply", "-f", str(EXAMPLE))

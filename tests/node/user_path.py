@@ -8,6 +8,7 @@ the chart installed into a namespace that enforces the `restricted` Pod Security
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -25,9 +26,10 @@ from guardedcron_devenv.controlplane import KubectlError
 from guardedcron_devenv.docker_engine import DockerEngine
 from guardedcron_devenv.image import BuiltImage
 from guardedcron_devenv.postgres import ThrowawayPostgres
+from guardedcron_devenv.registry import LocalRegistry
 from tests.node.cluster import NodeCluster
 from tests.support import REPO
-from tests.support.chart import CHART, helm
+from tests.support.chart import helm
 from tests.support.waiting import wait_for
 
 SYSTEM_NAMESPACE = "gc-system"
@@ -36,6 +38,9 @@ WORKLOAD_SCRIPT = REPO / "tests" / "e2e" / "workload.py"  # the e2e suite's work
 WORKLOAD_IMAGE = "guardedcron-node-workload:dev"
 WORKLOAD_CONTAINER = "work"
 DSN_SECRET = "jobs-db"
+# The registry login every namespace gets; the chart adds it to the operator's pod and,
+# for the guard's image, to every run's pod.
+PULL_SECRET = "registry-login"
 # The DSN the chart's migration hook Job reads, in SYSTEM_NAMESPACE.
 MIGRATION_SECRET = "guardedcron-migrate"
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
@@ -54,6 +59,9 @@ class UserPath:
     cluster: NodeCluster
     db: ThrowawayPostgres
     image: BuiltImage
+    registry: LocalRegistry
+    pushed_image: str  # the image as the registry serves it (name:tag)
+    packaged_chart: Path  # `helm package`'s archive: what a user installs
     # The guard's schema version just before the chart with its migration hook was
     # installed (None: no schema at all), and how long that `helm upgrade` took.
     schema_before_hook: int | None = None
@@ -77,13 +85,24 @@ class UserPath:
     def apply(self, manifest: Mapping[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
-    def team_namespace(self, name: str) -> str:
-        """A namespace enforcing `restricted`, with the DSN Secret the guard reads."""
+    def team_namespace(self, name: str, *, pull_secret: bool = True) -> str:
+        """A namespace enforcing `restricted`, with the DSN Secret the guard reads and the
+        registry login the chart names for the guard's image."""
         self.kubectl("create", "namespace", name)
         self.kubectl("label", "namespace", name, RESTRICTED)
         self.kubectl("create", "secret", "generic", DSN_SECRET, "-n", name,
                      f"--from-literal=dsn={self.pod_dsn}")  # fmt: skip
+        if pull_secret:
+            self.add_pull_secret(name)
         return name
+
+    def add_pull_secret(self, namespace: str) -> None:
+        """The registry login as a kubernetes.io/dockerconfigjson Secret (through stdin:
+        the password never is an argument)."""
+        login = base64.b64encode(self.registry.docker_config_json().encode()).decode()
+        self.apply({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+                    "metadata": {"name": PULL_SECRET, "namespace": namespace},
+                    "data": {".dockerconfigjson": login}})  # fmt: skip
 
     def wait_cronjob(self, namespace: str, name: str, timeout: float = 60.0) -> dict[str, Any]:
         """The CronJob the operator makes of a GuardedCronJob, once it exists."""
@@ -174,12 +193,29 @@ class UserPath:
         return pod
 
 
-def install_chart(path: UserPath, chart: Path = CHART, **more_values: Any) -> None:
-    """`helm upgrade --install` of `chart` with the built image (the README's install path)."""
+def install_chart(path: UserPath, **more_values: Any) -> None:
+    """The README's install path: `helm upgrade --install` of the packaged chart with the
+    image pushed to a registry that refuses anonymous pulls. The kubelet pulls the
+    operator's image with the release's login, and the guard's in every run pod with the
+    login the chart adds there (pull policy Always: every run asks the registry). The
+    guard's user id is left to the pod or the image (guard.runAsUser null), as a platform
+    that assigns user ids needs."""
+    repository, _, tag = path.pushed_image.rpartition(":")
+    login = [{"name": PULL_SECRET}]
+    values = {"image": {"repository": repository, "tag": tag}, "imagePullSecrets": login,
+              "guard": {"imagePullPolicy": "Always", "imagePullSecrets": login, "runAsUser": None},
+              "stopWorkload": {"enabled": True}, **more_values}  # fmt: skip
+    helm_install(path, path.packaged_chart, values)
+
+
+def install_previous_chart(path: UserPath, chart: Path) -> None:
+    """An earlier chart from the source tree, with the image imported into the node."""
     repository, _, tag = path.image.tag.rpartition(":")
-    values = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-              "guard": {"imagePullPolicy": "Never"}, "stopWorkload": {"enabled": True},
-              **more_values}  # fmt: skip
+    helm_install(path, chart, {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+                               "guard": {"imagePullPolicy": "Never"}, "stopWorkload": {"enabled": True}})
+
+
+def helm_install(path: UserPath, chart: Path, values: Mapping[str, Any]) -> None:
     result = helm(["upgrade", "--install", RELEASE, str(chart), "--namespace", SYSTEM_NAMESPACE,
                    "--reset-values", "--wait", "--timeout", "4m",
                    "--kubeconfig", str(path.cluster.plane.kubeconfig)], values)  # fmt: skip
