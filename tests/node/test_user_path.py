@@ -355,7 +355,8 @@ def test_run_pods_pull_the_guard_image_with_the_login_the_chart_adds(user_path: 
 
 
 PLATFORM_USER_ID = 1000770000  # as OpenShift's restricted SCC assigns one per namespace
-UID_SCRIPT = 'while read -r key uid rest; do if test "$key" = Uid:; then echo "$uid"; fi; done < /proc/self/status'
+UID_SCRIPT = ('while read -r key uid rest; do if test "$key" = Uid:; then echo "$uid"; fi; done'
+              " < /proc/self/status")
 
 
 def test_a_platform_user_id_and_a_client_certificate_reach_postgres_over_verify_full(
@@ -401,7 +402,8 @@ def test_a_platform_user_id_and_a_client_certificate_reach_postgres_over_verify_
         pod = user_path.pod_of(namespace, job)
         message = json.loads(terminated(pod, contract.GUARD_CONTAINER)["message"])
         assert message["outcome"] == "acquired", (finished["status"], message)
-        assert [c["type"] for c in finished["status"]["conditions"] if c["status"] == "True"][-1] == "Complete"
+        true = [c["type"] for c in finished["status"]["conditions"] if c["status"] == "True"]
+        assert true[-1] == "Complete", finished["status"]
         # The workload ran as the platform's id too: the pod's, not the image's.
         said = user_path.kubectl("logs", pod["metadata"]["name"], "-c", "task", "-n", namespace).stdout
         assert said.strip() == str(PLATFORM_USER_ID), said
