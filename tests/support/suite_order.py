@@ -1,4 +1,6 @@
-"""Where timed checks run in the one pytest session of `make test` (wired in tests/conftest.py).
+"""The order within one pytest session (wired in tests/conftest.py). `make test` runs
+several sessions (guardedcron_devenv.suite): the quiet checks alone, three lanes side by
+side, the node tier alone; this order holds inside each, and in a plain `pytest` run.
 
 A check that times the guard itself (the seeds' 5-second burst) must measure the guard, not
 the suites beside it: it runs first, before any session-wide server or control plane has
