@@ -1,5 +1,6 @@
 """`make release` in a clone of the repository: the real command builds dist/, then the
-wheel installs offline into a fresh venv and its commands run, the sdist builds offline
+wheel installs offline into a fresh venv and its commands run (a lease won in a real
+PostgreSQL), the sdist builds offline
 into the same wheel, the packaged chart lints and renders, the SBOM lists the
 dependencies and the checksums verify.
 
@@ -64,12 +65,20 @@ def test_release_builds_every_artifact_and_their_checksums(dist: Path) -> None:
 
 
 def test_the_wheel_installs_offline_and_its_commands_run(
-    dist: Path, wheelhouse: Path, tmp_path: Path
+    dist: Path, wheelhouse: Path, tmp_path: Path, empty_dsn: str
 ) -> None:
     bin_dir = install_offline(dist / f"guardedcron-{VERSION}-py3-none-any.whl", wheelhouse, tmp_path / "v")
     answered = sh([str(bin_dir / "guardedcron"), "--version"])
     assert answered.returncode == 0, answered.stderr
     assert VERSION in answered.stdout
+    # The installed guard against a real PostgreSQL: the schema made, then a lease won.
+    guard = [str(bin_dir / "guardedcron")]
+    migrated = sh([*guard, "db", "migrate", "--dsn", empty_dsn])
+    assert migrated.returncode == 0, migrated.stderr
+    won = sh([*guard, "acquire", "--dsn", empty_dsn, "--lock", "release/check", "--holder", "wheel",
+              "--lease-seconds", "60", "--out", str(tmp_path / "run")])
+    assert won.returncode == 0, won.stderr
+    assert json.loads((tmp_path / "run" / "lease.json").read_text())["fence"] == 1
     plugin = sh([str(bin_dir / "kubectl-gcj"), "--help"])
     assert plugin.returncode == 0, plugin.stderr
     assert "gcj" in plugin.stdout
