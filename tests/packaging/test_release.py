@@ -1,8 +1,7 @@
 """`make release` in a clone of the repository: the real command builds dist/, then the
 wheel installs offline into a fresh venv and its commands run (a lease won in a real
-PostgreSQL), the sdist builds offline
-into the same wheel, the packaged chart lints and renders, the SBOM lists the
-dependencies and the checksums verify.
+PostgreSQL), the sdist builds offline into the same wheel, the packaged chart lints and
+renders, the SBOM lists the dependencies and the checksums verify.
 
 Nothing here reaches a package index: pip reads only the wheelhouse the set-up step
 filled (guardedcron_devenv.wheelhouse), and the clone's release section is added here.
