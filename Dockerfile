@@ -4,11 +4,6 @@
 #   docker run --rm ghcr.io/guardedcron/guardedcron:0.1.0 --help
 #
 # The operator:  guardedcron operator --liveness=http://0.0.0.0:8080/healthz
-#                with the allocator's variables in its environment (the chart's
-#                Deployment sets them; docker run: -e each; docs/design.md, "Operator
-#                settings"): PYTHONMALLOC=malloc LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF=...,
-#                jemalloc, which gives its start-up peak back. Not an image-wide ENV: the
-#                guard is a short process that CPython's own allocator serves well.
 # A guard:       guardedcron acquire --lock ... (injected by the operator)
 #
 # It runs as the numeric user 65532 with a read-only root filesystem: bytecode is
@@ -40,15 +35,6 @@ RUN python -m venv "$VENV" \
     && "$VENV/bin/pip" wheel --no-deps --wheel-dir "$WHEELS" . \
     && "$VENV/bin/pip" install --only-binary=:all: "$WHEELS"/guardedcron-*.whl \
     && "$VENV/bin/pip" uninstall --yes pip setuptools kubernetes
-# jemalloc, for the operator's container to preload: installed from Debian here, and only
-# the library and its copyright go on to the final stage, which runs nothing. /usr/lib is
-# where the loader looks on every architecture.
-RUN apt-get update \
-    && apt-get install --yes --no-install-recommends libjemalloc2=5.3.0-1 \
-    && rm -rf /var/lib/apt/lists/* \
-    && mkdir -p /jemalloc/usr/lib /jemalloc/usr/share/doc/libjemalloc2 \
-    && cp /usr/lib/*-linux-gnu/libjemalloc.so.2 /jemalloc/usr/lib/ \
-    && cp /usr/share/doc/libjemalloc2/copyright /jemalloc/usr/share/doc/libjemalloc2/
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="guardedcron" \
@@ -59,7 +45,6 @@ ENV PATH=/opt/guardedcron/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     GUARDEDCRON_CRD=/usr/share/guardedcron/crds/guardedcronjobs.guardedcron.io.yaml
 COPY --from=builder /opt/guardedcron /opt/guardedcron
-COPY --from=builder /jemalloc/ /
 # `guardedcron render` reads the CRD's schema defaults.
 COPY crds/ /usr/share/guardedcron/crds/
 USER 65532:65532

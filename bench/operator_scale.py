@@ -9,10 +9,8 @@ Measures, for `guardedcron operator` running as its own process through a kubeco
 
 By default the objects live on a real control plane (etcd, kube-apiserver and
 kube-controller-manager from guardedcron_devenv, started here and stopped at the end);
-`--api emulator` uses the kmock emulator instead. The operator gets the environment the
-chart's Deployment gives it (jemalloc: guardedcron.cli.operator_memory), so the
-figures are what a deployment gets; `--allocator glibc` runs it on glibc's malloc (the chart's
-choice before jemalloc), `--allocator pymalloc` on CPython's own allocator.
+`--api emulator` uses the kmock emulator instead. The operator runs on CPython's own
+allocator with nothing preloaded, as in the chart's Deployment.
 Usage, from the repository root:
 
     nice -n 10 .venv/bin/python bench/operator_scale.py --objects 1000 --namespaces 10
@@ -50,13 +48,10 @@ from tests.support.gcj import base_gcj  # noqa: E402
 
 from bench.common import Tree, cpu_seconds, rss_mib, trees  # noqa: E402
 from bench.scale_targets import Emulator, RealApiServer, Target, split  # noqa: E402
-from guardedcron.cli.operator_memory import ALLOCATOR_ENV, GLIBC_ENV  # noqa: E402
 from guardedcron_devenv.controlplane import ControlPlane, free_port  # noqa: E402
 
 GUARDEDCRON = str(Path(sys.executable).with_name("guardedcron"))
 RESUMED = "Resuming is processed"
-# The operator's allocator, by name: the chart's environment, or one of the two before it.
-ALLOCATORS = ("chart", "glibc", "pymalloc")
 SETTLE_SECONDS = 3.0  # after the last object: late writes would show in the counts
 # kopf's per-object workers end 5 s after their last event (settings.batching.idle_timeout),
 # each with the body it held: RSS this long after the settle is the steady figure.
@@ -91,25 +86,13 @@ async def wait_for_passes(op: Operator, count: int, phase_seconds: float) -> flo
     return time.monotonic() - started
 
 
-def allocator_env(allocator: str) -> dict[str, str]:
-    if allocator == "chart":
-        return dict(ALLOCATOR_ENV)
-    if allocator == "glibc":
-        return dict(GLIBC_ENV)
-    return {}
-
-
 class Operator:
-    """`guardedcron operator --standalone` as a child process, its log in a file, with
-    the allocator's environment `allocator_env(allocator)` gives it."""
+    """`guardedcron operator --standalone` as a child process, its log in a file."""
 
     def __init__(self, kubeconfig: Path, log: Path, profile: Path | None,
-                 code: Tree | None, allocator: str = "chart") -> None:
+                 code: Tree | None) -> None:
         self.log = log
         base = code.env() if code is not None else dict(os.environ)
-        for name in ALLOCATOR_ENV:
-            base.pop(name, None)
-        base.update(allocator_env(allocator))
         self.metrics_port = free_port()
         self.env = {**base, "KUBECONFIG": str(kubeconfig),
                     "GUARDEDCRON_METRICS_PORT": str(self.metrics_port),
@@ -158,7 +141,7 @@ class Operator:
 
 
 async def measure(target: Target, objects: int, namespaces: int, phase_seconds: float,
-                  workdir: Path, profile: Path | None, code: Tree | None, allocator: str = "chart",
+                  workdir: Path, profile: Path | None, code: Tree | None,
                   steady_seconds: float = STEADY_SECONDS) -> dict[str, Any]:
     await target.seed([gcj(i, namespaces) for i in range(objects)])
     load_at_start = os.getloadavg()[0]
@@ -169,7 +152,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
     # --- first start: every object is new
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "first.log", profile_file("first"),
-                        code, allocator) as op:
+                        code) as op:
         applied_s = await wait_for(lambda: target.applied() >= objects, "every CronJob applied",
                                    phase_seconds)
         ready_s = applied_s + await wait_for(lambda: target.ready() >= objects, "every status Ready",
@@ -185,7 +168,7 @@ async def measure(target: Target, objects: int, namespaces: int, phase_seconds: 
     # --- restart over up-to-date objects: an idle resync
     before = await target.tally()
     async with Operator(target.kubeconfig, workdir / "restart.log", profile_file("restart"),
-                        code, allocator) as op:
+                        code) as op:
         resumed_s = await wait_for(lambda: op.resumed() >= objects, "every object resumed",
                                    phase_seconds)
         resumed_s += await wait_for_passes(op, objects, phase_seconds)
@@ -232,7 +215,7 @@ def control_plane(keep_logs: Path) -> Iterator[ControlPlane]:
 
 async def run(options: argparse.Namespace, workdir: Path, code: Tree | None) -> dict[str, Any]:
     args = (options.objects, options.namespaces, options.timeout, workdir, options.profile, code,
-            options.allocator, options.steady)
+            options.steady)
     if options.api == "emulator":
         async with Emulator(workdir) as emulator:
             return {"api": "emulator", **await measure(emulator, *args)}
@@ -249,8 +232,6 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
     parser.add_argument("--profile", type=Path, help="run the operator under cProfile, files here")
     parser.add_argument("--code", help="run this commit's operator code instead of the working tree's")
-    parser.add_argument("--allocator", choices=ALLOCATORS, default="chart",
-                        help="the operator's allocator: the chart's (jemalloc), glibc's or CPython's")
     parser.add_argument("--steady", type=float, default=STEADY_SECONDS,
                         help="seconds after each phase's settle at which RSS is read again")
     options = parser.parse_args()
@@ -260,9 +241,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         code = stack.enter_context(trees(options.code))[0] if options.code else None
         result = asyncio.run(run(options, workdir, code))
-    allocator = " ".join(f"{k}={v}" for k, v in allocator_env(options.allocator).items()) or "pymalloc"
-    print(json.dumps({**result, "code": options.code or "working tree", "allocator": allocator},
-                     indent=2))
+    print(json.dumps({**result, "code": options.code or "working tree"}, indent=2))
 
 
 if __name__ == "__main__":

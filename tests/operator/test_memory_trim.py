@@ -1,6 +1,5 @@
-"""The operator gives freed memory back: its allocator (jemalloc, the chart's environment;
-glibc's where jemalloc is absent) keeps freed pages resident until they are purged, and
-`guardedcron operator` asks for that after collecting cycles
+"""The operator gives freed memory back: glibc's malloc keeps freed pages resident until
+they are trimmed, and `guardedcron operator` asks for that after collecting cycles
 (guardedcron.cli.operator_memory; the figures are in docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -14,19 +13,14 @@ import sys
 import weakref
 from pathlib import Path
 
-import pytest
-
 from guardedcron.cli import operator_memory
-from guardedcron.cli.operator_memory import ALLOCATOR_ENV, GLIBC_ENV
 
 GUARDEDCRON = str(Path(sys.executable).parent / "guardedcron")
 # A bound on the wait for the operator's first trim (5 s after it starts), not a timing.
 START_SECONDS = 60.0
-# A bound on jemalloc's own return of freed pages (its decay takes 10 s), not a timing.
-DECAY_BOUND_SECONDS = 60.0
-# The chart's jemalloc with its decay off: what is returned is what the trim returned.
-JEMALLOC_WITHOUT_DECAY = {**ALLOCATOR_ENV,
-                          "MALLOC_CONF": "background_thread:false,dirty_decay_ms:-1,muzzy_decay_ms:-1"}
+# Every allocation through glibc's malloc, as the operator's larger ones are (CPython's
+# own allocator serves blocks up to 512 bytes and gives an arena back once it is empty).
+ON_MALLOC = {"PYTHONMALLOC": "malloc"}
 # 300,000 blocks of 300 bytes (about 100 MiB) and one in 64 kept, as the long-lived
 # records made during the start-up peak keep the memory around them. Then, if asked, a
 # wait (bounded) for the memory to come back without a trim, else a trim.
@@ -59,54 +53,30 @@ def fragment(env: dict[str, str], *args: str) -> dict[str, float | str]:
     return figures
 
 
-@pytest.mark.parametrize(("env", "allocator"),
-                         [(JEMALLOC_WITHOUT_DECAY, "jemalloc"), (dict(GLIBC_ENV), "glibc")],
-                         ids=["jemalloc", "glibc"])
-def test_freed_memory_stays_resident_until_the_trim_gives_it_back(env: dict[str, str],
-                                                                  allocator: str) -> None:
-    figures = fragment(env, "trim")
-    assert figures["allocator"] == allocator, figures  # jemalloc: .ci/bootstrap installs it
+def test_freed_memory_stays_resident_until_the_trim_gives_it_back() -> None:
+    figures = fragment(ON_MALLOC, "trim")
+    assert figures["allocator"] == "glibc", figures
     assert float(figures["freed_but_resident"]) > 60, figures  # free() alone returned almost nothing
     assert float(figures["released"]) > 30, figures
-
-
-def test_the_charts_jemalloc_gives_freed_memory_back_without_a_trim() -> None:
-    """Its background thread returns pages freed a second ago: the memory falls between
-    the operator's trims too."""
-    figures = fragment(dict(ALLOCATOR_ENV), "wait", str(DECAY_BOUND_SECONDS))
-    assert figures["allocator"] == "jemalloc", figures
-    assert float(figures["returned_without_a_trim"]) > 30, figures
 
 
 async def test_the_operator_says_which_allocator_serves_it_and_trims_it(kubeconfig: Path) -> None:
     process = await asyncio.create_subprocess_exec(
         GUARDEDCRON, "operator", "--standalone", "--metrics-port", "0", "--log-level", "debug",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **ALLOCATOR_ENV, "KUBECONFIG": str(kubeconfig)})
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)})
     assert process.stderr is not None
     seen: list[str] = []
     try:
         async with asyncio.timeout(START_SECONDS):
-            while not any("trim (jemalloc): resident" in line for line in seen):
+            while not any("trim (glibc): resident" in line for line in seen):
                 line = (await process.stderr.readline()).decode(errors="replace")
                 assert line, "".join(seen[-20:])  # the operator ended before its first trim
                 seen.append(line)
     finally:
         process.kill()
         await process.wait()
-    assert any("memory: jemalloc's allocator" in line for line in seen), "".join(seen)
-
-
-def test_a_jemalloc_that_does_not_load_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger=operator_memory.logger.name)
-    glibc = operator_memory.Trim("glibc", lambda: 0)
-    operator_memory.log_allocator(glibc, {"LD_PRELOAD": "libjemalloc.so.2"})
-    assert [r.levelname for r in caplog.records] == ["WARNING"]
-    assert "did not load" in caplog.records[0].getMessage()
-    caplog.clear()
-    operator_memory.log_allocator(glibc, {})
-    assert [r.levelname for r in caplog.records] == ["INFO"]
-    assert caplog.records[0].getMessage() == "memory: glibc's allocator"
+    assert any("memory: glibc's allocator, trimmed" in line for line in seen), "".join(seen)
 
 
 def test_no_collection_while_the_memory_moves() -> None:

@@ -12,7 +12,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from guardedcron.cli.operator_memory import ALLOCATOR_ENV
 from guardedcron.spec import settings_from_env
 from tests.support.chart import (
     CHART,
@@ -151,15 +150,6 @@ def test_the_guards_pull_secrets_and_user_reach_the_operator(
     assert (settings.guard_image_pull_secrets, settings.guard_run_as_user) == (secrets, user)
     # the operator pod's own pull secrets stay its own
     assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "operator-pull"}]
-
-
-@pytest.mark.parametrize("name", VALUE_SETS)
-def test_the_operator_runs_on_the_allocator_it_trims(name: str) -> None:
-    """glibc's allocator, set before Python starts: what lets the operator give its
-    start-up peak back (guardedcron.cli.operator_memory); one source for the values."""
-    env = env_of(one(render(VALUE_SETS[name]), "Deployment"))
-    assert {key: env.get(key) for key in ALLOCATOR_ENV} == dict(ALLOCATOR_ENV)
-    assert ALLOCATOR_ENV["PYTHONMALLOC"] == "malloc"
 
 
 def test_log_format_extra_args_and_extra_env_reach_the_container() -> None:

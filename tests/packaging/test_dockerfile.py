@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from guardedcron.cli.operator_memory import ALLOCATOR_ENV
-
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 HADOLINT = Path(sys.executable).with_name("hadolint")
@@ -49,14 +47,3 @@ def test_the_default_base_is_python_311_slim_by_a_pinned_tag() -> None:
     assert not digest or digest.startswith("sha256:")
     # every stage builds on it, so the stand-in base replaces all of them at once
     assert re.findall(r"^FROM (\S+)", text, flags=re.MULTILINE) == ["${PYTHON_IMAGE}"] * 2
-
-
-def test_the_image_leaves_the_allocator_to_the_operators_deployment() -> None:
-    """The guard runs from the same image, as a short process that CPython's own
-    allocator serves well: glibc's (the operator's, guardedcron.cli.operator_memory) is
-    set by the chart's Deployment for the operator's container only, not image-wide."""
-    instructions = DOCKERFILE.read_text().replace("\\\n", " ").splitlines()
-    image_env = {name for line in instructions if line.startswith("ENV ")
-                 for name in re.findall(r"(\w+)=", line)}
-    assert "PYTHONUNBUFFERED" in image_env  # the check reads the ENV instructions
-    assert not image_env & set(ALLOCATOR_ENV), image_env

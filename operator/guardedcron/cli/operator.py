@@ -104,7 +104,7 @@ async def run_operator(settings: Settings, *, stop_flag: asyncio.Event | None = 
               if settings.metrics_port else None)
     kopf_startup.install()  # slimmed watch events, no body kept without a running timer
     trim = allocator_trim()  # give the start-up peak back to the system (operator_memory)
-    log_allocator(trim, os.environ)
+    log_allocator(trim)
     trimming = asyncio.create_task(trim_periodically(trim))
     try:
         with own_full_collections():  # the trims' collections are the only full ones
