@@ -19,6 +19,7 @@ from guardedcron_devenv.pgbouncer import PgBouncer
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from guardedcron_devenv.suite import REPORT_ENV
 from guardedcron_devenv.toxiproxy import Toxiproxy
+from tests.support.faketime import remove_leftovers
 from tests.support.suite_order import QUIET_MACHINE_MARKER, quiet_checks_first_e2e_last
 from tests.support.tls import Certificates, make_certificates
 from tests.support.toxiproxy import Proxied, proxy_in_front
@@ -35,6 +36,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     set, as on this project's machines, Python never caches it by itself."""
     if sys.dont_write_bytecode:
         compileall.compile_dir(Path(__file__).resolve().parent.parent / "operator", quiet=1)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    remove_leftovers()  # libfaketime's, from the processes the tests ran it in (tests/support/faketime.py)
 
 
 @pytest.hookimpl(trylast=True)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -25,18 +24,12 @@ from typing import Any, TypeVar
 import psycopg
 
 from tests.chaos.work import connect, is_transient
+from tests.support.faketime import skewed_env
 
 T = TypeVar("T")
 Connection = psycopg.Connection[tuple[Any, ...]]
 
 ANSWERED_EXITS = (0, 75)  # the guard answered: won, or lost to a lease or a slot claim
-
-
-def faketime_library() -> str:
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    if not found:
-        raise RuntimeError("libfaketime is not installed; run `bash .ci/bootstrap` (Debian package faketime)")
-    return found[0]
 
 
 def name_connection(name: str, conn: Connection) -> None:
@@ -224,6 +217,4 @@ def workload_command(
 def workload_env(dsn: str, skew: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "FAKETIME")}
     env["GUARDEDCRON_DSN"] = dsn
-    if skew is not None:
-        env.update(LD_PRELOAD=faketime_library(), FAKETIME=skew)
-    return env
+    return env if skew is None else skewed_env(skew, env)

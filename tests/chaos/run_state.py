@@ -24,9 +24,10 @@ from pathlib import Path
 
 from guardedcron_devenv.postgres import ThrowawayPostgres
 from guardedcron_devenv.toxiproxy import Proxy
-from tests.chaos.contenders import Admin, Attempt, Contender, faketime_library, workload_command, workload_env
+from tests.chaos.contenders import Admin, Attempt, Contender, workload_command, workload_env
 from tests.chaos.plan import Plan
 from tests.support import REPO
+from tests.support.faketime import faketime_library
 
 RETAIN_RUNS = 100_000_000  # keep every attempt: the checks read them all
 SKEWS = ("+45s", "-45s", "+10m", "-10m", "+3h", "-3h", "+1d", "-1d", "+400d", "-400d")

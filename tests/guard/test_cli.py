@@ -18,6 +18,7 @@ from guardedcron.schedule.hashed import resolve_hashed
 from guardedcron.spec import parse_guarded_cronjob
 from guardedcron_devenv.postgres import ThrowawayPostgres, free_port
 from tests.support import GUARDEDCRON, run_cli
+from tests.support.faketime import skewed_env
 from tests.support.gcj import base_gcj
 
 ACQUIRE = ["acquire", "--lock", "billing/nightly", "--lease-seconds", "60"]
@@ -280,21 +281,20 @@ def test_unresponsive_database_exits_69_within_the_connect_timeout() -> None:
 
 def test_the_client_clock_decides_nothing(dsn: str) -> None:
     """Guards on clocks skewed a day either way see the same lease as the database does."""
-    skew_ahead = ["faketime", "-f", "+1d"]
-    skew_behind = ["faketime", "-f", "-1d"]
+    skew_ahead, skew_behind = skewed_env("+1d"), skewed_env("-1d")
     # Long enough that the two refusals below happen inside it even on a loaded machine.
-    first = run_cli([*ACQUIRE, "--holder", "ahead", "--lease-seconds", "20"], dsn=dsn, prefix=skew_ahead)
-    assert first.code == 0
+    first = run_cli([*ACQUIRE, "--holder", "ahead", "--lease-seconds", "20"], dsn=dsn, env=skew_ahead)
+    assert first.code == 0, first.stderr
     # A client a day behind must not think the lease is free, nor one a day ahead.
-    assert run_cli([*ACQUIRE, "--holder", "behind"], dsn=dsn, prefix=skew_behind).code == 75
-    assert run_cli([*ACQUIRE, "--holder", "ahead2"], dsn=dsn, prefix=skew_ahead).code == 75
+    assert run_cli([*ACQUIRE, "--holder", "behind"], dsn=dsn, env=skew_behind).code == 75
+    assert run_cli([*ACQUIRE, "--holder", "ahead2"], dsn=dsn, env=skew_ahead).code == 75
     with psycopg.connect(dsn, autocommit=True) as conn:
         live = conn.execute("SELECT locked_until > clock_timestamp() FROM guardedcron.leases").fetchone()
         assert live == (True,), "the refusals must have happened while the lease was live"
         # Let the lease run out by the database's clock (rather than sleep through 20 s).
         conn.execute("UPDATE guardedcron.leases SET locked_until = clock_timestamp(),"
                      " min_hold_until = clock_timestamp()")
-    taken = run_cli([*ACQUIRE, "--holder", "behind"], dsn=dsn, prefix=skew_behind)
+    taken = run_cli([*ACQUIRE, "--holder", "behind"], dsn=dsn, env=skew_behind)
     assert taken.code == 0 and taken.json["fence"] == 2
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
