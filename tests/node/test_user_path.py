@@ -1,5 +1,6 @@
-"""The README's install path on a real node: `docker build`, `helm install` with that image,
-a GuardedCronJob, and its runs as pods of the kubelet, the guard from the same image."""
+"""The README's install path on a real node: `docker build`, `docker push` to a registry
+that wants a login, `helm install` of the chart archive with that image, a GuardedCronJob,
+and its runs as pods of the kubelet, the guard from the same image."""
 
 from __future__ import annotations
 

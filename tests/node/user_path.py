@@ -1,9 +1,11 @@
-"""The path a user takes, on the real node: the image built from the Dockerfile, the chart
-installed with it, the operator as a pod, guarded runs as pods of the kubelet.
+"""The path a user takes, on the real node: the image built from the Dockerfile and pushed
+to a registry, the packaged chart installed with it, the operator as a pod, guarded runs
+as pods of the kubelet.
 
 `UserPath` holds what the scenarios share: the node cluster, a PostgreSQL the pods reach
-on the pod bridge's address, the built images imported into the node's containerd, and
-the chart installed into a namespace that enforces the `restricted` Pod Security level.
+on the pod bridge's address, the registry and its login, the workload image imported into
+the node's containerd, and the chart installed into a namespace that enforces the
+`restricted` Pod Security level.
 """
 
 from __future__ import annotations
