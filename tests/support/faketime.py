@@ -26,12 +26,12 @@ def faketime_library() -> str:
     return found[0]
 
 
-def skewed_env(skew: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """`base` (default: this process's environment) with libfaketime preloaded, `skew`
-    (e.g. "+1d") being its FAKETIME."""
-    source = os.environ if base is None else base
-    env = {k: v for k, v in source.items() if k not in ("LD_PRELOAD", "FAKETIME")}
-    env.update(LD_PRELOAD=faketime_library(), FAKETIME=skew)
+def skewed_env(skew: str | None) -> dict[str, str]:
+    """This process's environment with libfaketime preloaded, `skew` (e.g. "+1d") being its
+    FAKETIME; with `skew` None, without libfaketime (the real clock)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "FAKETIME")}
+    if skew is not None:
+        env.update(LD_PRELOAD=faketime_library(), FAKETIME=skew)
     return env
 
 

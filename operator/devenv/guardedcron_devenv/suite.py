@@ -73,22 +73,22 @@ def run_lanes(lanes: Sequence[Lane], repo: Path, report_dir: Path) -> list[Outco
     """Start every lane at once; print their lines as they come; wait for all."""
     printing = threading.Lock()
     width = max(len(lane.name) for lane in lanes)
-    relays: list[tuple[Lane, _Relay]] = []
+    relays: list[tuple[Lane, Path, _Relay]] = []
     for lane in lanes:
+        report = report_dir / f"{lane.name}.json"
         process = subprocess.Popen(
             # -u: lines arrive as pytest writes them (not a child's environment change).
             [sys.executable, "-u", "-m", "pytest", *lane.pytest_args()],
             cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, REPORT_ENV: str(report_dir / f"{lane.name}.json")},
+            env={**os.environ, REPORT_ENV: str(report)},
         )
         relay = _Relay(process, lane.name.rjust(width), printing)
         relay.start()
-        relays.append((lane, relay))
+        relays.append((lane, report, relay))
     outcomes = []
-    for lane, relay in relays:
+    for lane, report, relay in relays:
         relay.join()
-        outcomes.append(read_outcome(lane.name, relay.exit_code, relay.seconds,
-                                     report_dir / f"{lane.name}.json"))
+        outcomes.append(read_outcome(lane.name, relay.exit_code, relay.seconds, report))
     return outcomes
 
 
